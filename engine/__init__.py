@@ -1,0 +1,1 @@
+"""formcast.engine: composes grammar and kernels into generation."""

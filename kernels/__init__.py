@@ -1,0 +1,1 @@
+"""formcast.kernels: torch/triton kernels (imports only torch and triton)."""
