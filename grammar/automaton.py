@@ -1,0 +1,226 @@
+"""Lazy determinization of the byte NFA (with call edges) into numbered configurations.
+
+A *stack* is an NFA state plus the stack of return states below it, interned as
+``(state, parent_stack_id)`` so stacks share their tails and deep nesting costs no recursion.
+A *configuration* is the set of stacks the parser may be in after some bytes (several at once
+when the grammar is ambiguous), kept only at "kernel" stacks whose top can consume a byte.
+Configurations are interned to dense ids; their transition rows (256 bytes -> id, -1 = dead)
+are computed on first use. For a regular grammar every stack has depth one and this is exactly
+lazy subset construction; for a recursive grammar it is a pushdown automaton explored on demand.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import GrammarBudgetError
+from .fsm import ByteNFA
+
+DEAD = -1
+UNEXPANDED = -2
+EMPTY_STACK = -1
+
+
+@dataclass(frozen=True)
+class AutomatonBudget:
+    max_states: int = 250_000
+    max_stack_depth: int = 50_000
+    max_stacks_per_state: int = 20_000
+
+
+class LazyAutomaton:
+    """Byte-level deterministic view of a :class:`ByteNFA`; ids are dense ints from 0."""
+
+    def __init__(self, nfa: ByteNFA, budget: AutomatonBudget | None = None) -> None:
+        self.nfa = nfa
+        self.budget = budget or AutomatonBudget()
+        self.lock = threading.RLock()
+        self._init_byte_classes()
+        self._stacks: list[tuple[int, int]] = []
+        self._stack_depth: list[int] = []
+        self._stack_ids: dict[tuple[int, int], int] = {}
+        self._closure_memo: dict[int, tuple[frozenset[int], bool]] = {}
+        self._configs: list[frozenset[int]] = []
+        self._config_ids: dict[tuple[frozenset[int], bool], int] = {}
+        cap = 64
+        self.table = np.full((cap, 256), UNEXPANDED, dtype=np.int32)
+        self.accepting = np.zeros(cap, dtype=bool)
+        self.expanded = np.zeros(cap, dtype=bool)
+        root = self._intern_stack(nfa.rule_start[nfa.root_rule], EMPTY_STACK)
+        self.initial_state = self._config_for([root])
+        if self.initial_state == DEAD:
+            from .errors import GrammarError
+
+            raise GrammarError("the grammar accepts no string at all (empty language)")
+
+    # ------------------------------------------------------------------ setup
+    def _init_byte_classes(self) -> None:
+        bounds = {0, 256}
+        for edges in self.nfa.byte_edges:
+            for lo, hi, _ in edges:
+                bounds.add(lo)
+                bounds.add(hi + 1)
+        cuts = sorted(bounds)
+        cls = np.zeros(256, dtype=np.int32)
+        for i in range(len(cuts) - 1):
+            cls[cuts[i] : cuts[i + 1]] = i
+        self.byte_class = cls
+        self.num_classes = len(cuts) - 1
+        starts = cuts[:-1]
+        # moves[q]: byte class -> targets, only for states with byte edges.
+        self._moves: list[dict[int, list[int]] | None] = []
+        for edges in self.nfa.byte_edges:
+            if not edges:
+                self._moves.append(None)
+                continue
+            m: dict[int, list[int]] = {}
+            for lo, hi, target in edges:
+                for c in range(int(cls[lo]), int(cls[hi]) + 1):
+                    m.setdefault(c, []).append(target)
+            self._moves.append(m)
+        del starts
+
+    # ------------------------------------------------------------------ interning
+    def _intern_stack(self, state: int, parent: int) -> int:
+        key = (state, parent)
+        sid = self._stack_ids.get(key)
+        if sid is None:
+            depth = 1 if parent == EMPTY_STACK else self._stack_depth[parent] + 1
+            if depth > self.budget.max_stack_depth:
+                raise GrammarBudgetError(f"grammar nesting deeper than {self.budget.max_stack_depth} levels")
+            sid = len(self._stacks)
+            self._stacks.append(key)
+            self._stack_depth.append(depth)
+            self._stack_ids[key] = sid
+        return sid
+
+    def _closure(self, sid: int) -> tuple[frozenset[int], bool]:
+        """Kernel stacks reachable from stack ``sid`` without consuming a byte, and whether the
+        whole input may end here."""
+        memo = self._closure_memo.get(sid)
+        if memo is not None:
+            return memo
+        nfa, moves = self.nfa, self._moves
+        seen = {sid}
+        todo = [sid]
+        kernel: list[int] = []
+        accepting = False
+        while todo:
+            x = todo.pop()
+            q, parent = self._stacks[x]
+            if moves[q] is not None:
+                kernel.append(x)
+            nxt = [self._intern_stack(t, parent) for t in nfa.eps[q]]
+            for callee, ret in nfa.calls[q]:
+                nxt.append(self._intern_stack(nfa.rule_start[callee], self._intern_stack(ret, parent)))
+            if nfa.final_rule[q] >= 0:
+                if parent == EMPTY_STACK:
+                    accepting = True
+                else:
+                    nxt.append(parent)
+            for y in nxt:
+                if y not in seen:
+                    seen.add(y)
+                    todo.append(y)
+            if len(seen) > self.budget.max_stacks_per_state:
+                raise GrammarBudgetError("grammar is too ambiguous: too many parser stacks at one position")
+        result = (frozenset(kernel), accepting)
+        self._closure_memo[sid] = result
+        return result
+
+    def _config_for(self, seeds) -> int:
+        kernel: set[int] = set()
+        accepting = False
+        for sid in seeds:
+            k, a = self._closure(sid)
+            kernel |= k
+            accepting |= a
+        if not kernel and not accepting:
+            return DEAD
+        key = (frozenset(kernel), accepting)
+        cid = self._config_ids.get(key)
+        if cid is not None:
+            return cid
+        cid = len(self._configs)
+        if cid >= self.budget.max_states:
+            raise GrammarBudgetError(
+                f"grammar automaton grew past {self.budget.max_states} states (raise CompileBudget.max_automaton_states)"
+            )
+        if cid >= self.table.shape[0]:
+            self._grow()
+        self._configs.append(key[0])
+        self._config_ids[key] = cid
+        self.accepting[cid] = accepting
+        return cid
+
+    def _grow(self) -> None:
+        cap = self.table.shape[0] * 2
+        table = np.full((cap, 256), UNEXPANDED, dtype=np.int32)
+        table[: self.table.shape[0]] = self.table
+        self.table = table
+        self.accepting = np.concatenate([self.accepting, np.zeros(cap - len(self.accepting), dtype=bool)])
+        self.expanded = np.concatenate([self.expanded, np.zeros(cap - len(self.expanded), dtype=bool)])
+
+    # ------------------------------------------------------------------ transitions
+    @property
+    def num_states(self) -> int:
+        return len(self._configs)
+
+    def expand(self, state: int) -> None:
+        """Compute the full transition row of ``state`` (idempotent)."""
+        if self.expanded[state]:
+            return
+        with self.lock:
+            if self.expanded[state]:
+                return
+            buckets: dict[int, list[int]] = {}
+            for sid in self._configs[state]:
+                q, parent = self._stacks[sid]
+                for c, targets in self._moves[q].items():  # type: ignore[union-attr]
+                    bucket = buckets.setdefault(c, [])
+                    bucket.extend(self._intern_stack(t, parent) for t in targets)
+            row = np.full(self.num_classes, DEAD, dtype=np.int32)
+            for c, seeds in buckets.items():
+                row[c] = self._config_for(seeds)
+            self.table[state] = row[self.byte_class]
+            self.expanded[state] = True
+
+    def expand_many(self, states: np.ndarray) -> None:
+        todo = states[~self.expanded[states]]
+        for s in np.unique(todo).tolist():
+            self.expand(s)
+
+    def step(self, state: int, byte: int) -> int:
+        if not self.expanded[state]:
+            self.expand(state)
+        return int(self.table[state, byte])
+
+    def step_bytes(self, state: int, data: bytes) -> int:
+        for byte in data:
+            if state < 0:
+                return DEAD
+            state = self.step(state, byte)
+        return state
+
+    def is_accepting(self, state: int) -> bool:
+        return state >= 0 and bool(self.accepting[state])
+
+    # ------------------------------------------------------------------ introspection
+    def stacks_of(self, state: int) -> list[list[int]]:
+        """The NFA-state stacks (top first) of a configuration, for debugging and tests."""
+        out = []
+        for sid in self._configs[state]:
+            frames = []
+            while sid != EMPTY_STACK:
+                q, sid = self._stacks[sid]
+                frames.append(q)
+            out.append(frames)
+        return out
+
+    def min_completion_lengths(self) -> "CompletionDistance":
+        from .completion import CompletionDistance
+
+        return CompletionDistance(self)

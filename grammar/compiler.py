@@ -1,0 +1,280 @@
+"""IR -> token-level automaton: :class:`CompiledGrammar`, and the cached ``compile_*`` entry points.
+
+A ``CompiledGrammar`` is immutable from the caller's point of view and shared by every request
+using the same constraint: the lazy byte automaton, the vocabulary trie and the per-state mask
+cache only grow. Per-request state lives in ``GrammarMatcher``.
+
+Compilation does only parsing and NFA construction; determinization and masks happen on demand,
+so time to first mask is parse + NFA + the first state's trie walk.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+
+from . import ir
+from .automaton import DEAD, AutomatonBudget, LazyAutomaton
+from .bitmask import BITMASK_DTYPE, bitmask_width, pack_bool_mask
+from .completion import CompletionDistance
+from .fsm import build_nfa
+from .token_trie import trie_for, walk_trie
+from .vocab import TokenVocabulary
+
+
+# Budget-aware masks look this many tokens ahead; a larger remaining budget counts as unlimited.
+BUDGET_HORIZON = 512
+
+
+@dataclass(frozen=True)
+class CompileBudget:
+    """Limits that hostile constraints hit instead of the machine's memory or a caller's patience."""
+
+    max_nfa_states: int = 2_000_000
+    max_automaton_states: int = 250_000
+    max_stack_depth: int = 50_000
+    max_mask_cache_bytes: int = 512 << 20
+
+
+class CompiledGrammar:
+    """A constraint compiled against one vocabulary."""
+
+    def __init__(
+        self,
+        grammar: ir.Grammar,
+        vocab: TokenVocabulary,
+        budget: CompileBudget | None = None,
+        *,
+        kind: str = "ir",
+        source: str = "",
+    ) -> None:
+        self.budget = budget or CompileBudget()
+        self.grammar = grammar
+        self.vocab = vocab
+        self.kind = kind
+        self.source = source
+        self.nfa = build_nfa(grammar, self.budget.max_nfa_states)
+        self.automaton = LazyAutomaton(
+            self.nfa,
+            AutomatonBudget(max_states=self.budget.max_automaton_states, max_stack_depth=self.budget.max_stack_depth),
+        )
+        self.trie = trie_for(vocab)
+        self.mask_width = bitmask_width(vocab.vocab_size)
+        self._max_cached_masks = max(16, self.budget.max_mask_cache_bytes // (4 * self.mask_width))
+        self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._token_next: dict[tuple[int, int], int] = {}
+        self._distance: CompletionDistance | None = None
+        self._after: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._lock = threading.RLock()
+        self.eos_token_ids = frozenset(vocab.eos_token_ids)
+
+    @property
+    def initial_state(self) -> int:
+        return self.automaton.initial_state
+
+    # ------------------------------------------------------------------ masks
+    def token_mask(self, state: int) -> np.ndarray:
+        """Packed int32 mask row of the tokens allowed in ``state`` (cached per state)."""
+        with self._lock:
+            row = self._masks.get(state)
+            if row is not None:
+                self._masks.move_to_end(state)
+                return row
+            allowed, _ = walk_trie(self.trie, self.automaton, state)
+            if self.automaton.accepting[state]:
+                allowed[self.trie.eos_ids] = True
+            row = pack_bool_mask(allowed)
+            self._masks[state] = row
+            if len(self._masks) > self._max_cached_masks:
+                self._masks.popitem(last=False)
+            return row
+
+    def budgeted_token_mask(self, state: int, remaining_tokens: int) -> np.ndarray:
+        """Tokens after which a complete document still fits in ``remaining_tokens`` tokens in all
+        (this one and the final EOS included), assuming any byte can be emitted as one token.
+        Falls back to the plain mask when no token meets the budget, so a row is never empty.
+        Budgets beyond ``BUDGET_HORIZON`` tokens are treated as unlimited."""
+        if remaining_tokens > BUDGET_HORIZON:
+            return self.token_mask(state)
+        with self._lock:
+            ids, dists = self._distances_after_token(state)
+            if len(dists) == 0 or int(dists.max()) <= remaining_tokens - 2:
+                return self.token_mask(state)
+            budgeted = np.zeros(self.vocab.vocab_size, dtype=bool)
+            budgeted[ids[dists <= remaining_tokens - 2]] = True
+            if self.automaton.accepting[state]:
+                budgeted[self.trie.eos_ids] = True
+            if not budgeted.any():
+                return self.token_mask(state)
+            return pack_bool_mask(budgeted)
+
+    def _distances_after_token(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """Allowed token ids of ``state`` and the shortest completion (bytes) after each."""
+        hit = self._after.get(state)
+        if hit is None:
+            allowed, end_state = walk_trie(self.trie, self.automaton, state, want_states=True)
+            ids = np.flatnonzero(allowed)
+            ends = end_state[ids]
+            uniq, inverse = np.unique(ends, return_inverse=True)
+            hit = (ids, self.distance.distances(uniq)[inverse])
+            self._after[state] = hit
+            if len(self._after) > 256:
+                self._after.popitem(last=False)
+        return hit
+
+    @property
+    def distance(self) -> CompletionDistance:
+        if self._distance is None:
+            with self._lock:
+                if self._distance is None:
+                    self._distance = CompletionDistance(self.automaton)
+        return self._distance
+
+    # ------------------------------------------------------------------ transitions
+    def next_state(self, state: int, token_id: int) -> int:
+        """State after ``token_id`` (EOS excluded), or -1 if the token is not allowed."""
+        key = (state, token_id)
+        nxt = self._token_next.get(key)
+        if nxt is None:
+            if not 0 <= token_id < self.vocab.vocab_size or token_id in self.vocab.special_token_ids:
+                return DEAD
+            data = self.vocab.token_bytes[token_id]
+            with self._lock:
+                nxt = self.automaton.step_bytes(state, data) if data else DEAD
+            self._token_next[key] = nxt
+        return nxt
+
+    def is_accepting(self, state: int) -> bool:
+        return self.automaton.is_accepting(state)
+
+
+# ---------------------------------------------------------------------- cache and entry points
+
+_CACHE: OrderedDict[tuple, CompiledGrammar] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+CACHE_SIZE = 128
+
+
+def _cached(key: tuple, build) -> CompiledGrammar:
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit
+    compiled = build()
+    with _CACHE_LOCK:
+        _CACHE[key] = compiled
+        while len(_CACHE) > CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return compiled
+
+
+def clear_cache() -> None:
+    with _CACHE_LOCK:
+        _CACHE.clear()
+
+
+def compile_grammar(
+    grammar: ir.Grammar, vocab: TokenVocabulary, *, budget: CompileBudget | None = None, kind: str = "ir", source: str = ""
+) -> CompiledGrammar:
+    """Compile an IR grammar (uncached: IR objects are not a stable cache key)."""
+    return CompiledGrammar(grammar, vocab, budget, kind=kind, source=source)
+
+
+def compile_regex(
+    pattern: str, vocab: TokenVocabulary, *, flavor: str = "python", budget: CompileBudget | None = None
+) -> CompiledGrammar:
+    """A grammar accepting exactly the strings ``re.fullmatch(pattern, s, re.ASCII)`` accepts."""
+    from .regex import regex_to_ir
+
+    def build() -> CompiledGrammar:
+        expr = regex_to_ir(pattern, flavor=flavor, mode="fullmatch")
+        return CompiledGrammar(ir.Grammar({"root": expr}, "root", "regex"), vocab, budget, kind="regex", source=pattern)
+
+    return _cached(("regex", pattern, flavor, budget, vocab.fingerprint), build)
+
+
+def compile_json_schema(
+    schema: dict | str | bool,
+    vocab: TokenVocabulary,
+    *,
+    whitespace: str | int = "flexible",
+    strict_properties: bool = False,
+    max_whitespace: int | None = None,
+    relax_keywords: Iterable[str] = (),
+    budget: CompileBudget | None = None,
+) -> CompiledGrammar:
+    """A grammar accepting JSON documents valid against ``schema`` (see ``json_schema``)."""
+    from .json_schema import json_schema_to_grammar
+
+    source = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+    relax = tuple(sorted(relax_keywords))
+    options: dict[str, Any] = dict(whitespace=whitespace, strict_properties=strict_properties, relax_keywords=relax)
+    if max_whitespace is not None:
+        options["max_whitespace"] = max_whitespace
+
+    def build() -> CompiledGrammar:
+        g = json_schema_to_grammar(schema, **options)
+        return CompiledGrammar(g, vocab, budget, kind="json_schema", source=source)
+
+    key = ("json_schema", source, tuple(sorted(options.items())), budget, vocab.fingerprint)
+    return _cached(key, build)
+
+
+def compile_ebnf(
+    text: str, vocab: TokenVocabulary, *, root: str = "root", budget: CompileBudget | None = None
+) -> CompiledGrammar:
+    """A grammar from XGrammar/GBNF-style EBNF (``root ::= ...``)."""
+    from .ebnf import ebnf_to_grammar
+
+    def build() -> CompiledGrammar:
+        return CompiledGrammar(ebnf_to_grammar(text, root=root), vocab, budget, kind="ebnf", source=text)
+
+    return _cached(("ebnf", text, root, budget, vocab.fingerprint), build)
+
+
+def compile_lark(
+    text: str, vocab: TokenVocabulary, *, start: str = "start", budget: CompileBudget | None = None
+) -> CompiledGrammar:
+    """A grammar from Lark syntax."""
+    from .lark_grammar import lark_to_grammar
+
+    def build() -> CompiledGrammar:
+        return CompiledGrammar(lark_to_grammar(text, start=start), vocab, budget, kind="lark", source=text)
+
+    return _cached(("lark", text, start, budget, vocab.fingerprint), build)
+
+
+def compile_structural_tag(
+    tags: list, triggers: list[str], vocab: TokenVocabulary, *, budget: CompileBudget | None = None
+) -> CompiledGrammar:
+    """Free text with tool calls: see ``structural_tag``."""
+    from .structural_tag import structural_tag_to_grammar
+
+    source = json.dumps([[getattr(t, "__dict__", t) for t in tags], list(triggers)], sort_keys=True, default=str)
+
+    def build() -> CompiledGrammar:
+        g = structural_tag_to_grammar(tags, triggers)
+        return CompiledGrammar(g, vocab, budget, kind="structural_tag", source=source)
+
+    return _cached(("structural_tag", source, budget, vocab.fingerprint), build)
+
+
+def compile_choice(options: list[str], vocab: TokenVocabulary, *, budget: CompileBudget | None = None) -> CompiledGrammar:
+    """Exactly one of ``options``."""
+    if not options:
+        from .errors import GrammarError
+
+        raise GrammarError("choice needs at least one option")
+    expr = ir.choice(*(ir.literal(o) for o in options))
+    source = json.dumps(list(options))
+
+    def build() -> CompiledGrammar:
+        return CompiledGrammar(ir.Grammar({"root": expr}, "root", "choice"), vocab, budget, kind="choice", source=source)
+
+    return _cached(("choice", source, budget, vocab.fingerprint), build)

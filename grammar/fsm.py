@@ -1,0 +1,335 @@
+"""Grammar IR -> byte-level NFA with call edges (one sub-automaton per rule).
+
+Every rule becomes a Thompson-style fragment between its own start and final state. A ``Ref`` to
+a rule on a cycle becomes a *call edge* ``(rule, return_state)``: the pushdown automaton in
+``automaton.py`` pushes the return state and jumps to the callee's start; reaching the callee's
+final state pops. References to non-recursive rules are inlined while small, so regular grammars
+(regexes, most JSON schemas) end up as one flat NFA whose stacks never grow.
+
+Characters are encoded to UTF-8 here: a ``CharClass`` becomes byte-range sequences (split so each
+position is one contiguous byte range), so the automaton only ever sees bytes.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from . import ir
+from .errors import GrammarBudgetError, GrammarError
+
+# Non-recursive rules whose inlined fragment stays under this many states are copied into callers.
+INLINE_MAX_STATES = 4000
+
+
+@dataclass
+class ByteNFA:
+    """Flat arrays indexed by NFA state."""
+
+    eps: list[list[int]] = field(default_factory=list)
+    byte_edges: list[list[tuple[int, int, int]]] = field(default_factory=list)  # (lo, hi, target)
+    calls: list[list[tuple[int, int]]] = field(default_factory=list)  # (rule index, return state)
+    final_rule: list[int] = field(default_factory=list)  # rule whose final state this is, else -1
+    rule_names: list[str] = field(default_factory=list)
+    rule_start: list[int] = field(default_factory=list)
+    rule_final: list[int] = field(default_factory=list)
+    root_rule: int = 0
+
+    @property
+    def num_states(self) -> int:
+        return len(self.eps)
+
+
+def utf8_byte_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
+    """Byte-range sequences whose concatenations are exactly the UTF-8 encodings of ``lo..hi``."""
+    out: list[list[tuple[int, int]]] = []
+    for a, b in ((0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, 0x10FFFF)):
+        l, h = max(lo, a), min(hi, b)
+        if l <= h:
+            _split_same_length(l, h, out)
+    return out
+
+
+def _split_same_length(lo: int, hi: int, out: list[list[tuple[int, int]]]) -> None:
+    work = [(lo, hi)]
+    while work:
+        lo, hi = work.pop()
+        n = len(chr(lo).encode("utf-8", "surrogatepass"))
+        for i in range(1, n):
+            m = (1 << (6 * i)) - 1
+            if lo & ~m != hi & ~m:
+                if lo & m:
+                    work += [((lo | m) + 1, hi), (lo, lo | m)]
+                    break
+                if hi & m != m:
+                    work += [(hi & ~m, hi), (lo, (hi & ~m) - 1)]
+                    break
+        else:
+            a = chr(lo).encode("utf-8", "surrogatepass")
+            b = chr(hi).encode("utf-8", "surrogatepass")
+            out.append([(a[i], b[i]) for i in range(n)])
+
+
+class _Builder:
+    def __init__(self, grammar: ir.Grammar, max_states: int) -> None:
+        grammar.validate()
+        self.grammar = grammar
+        self.max_states = max_states
+        self.nfa = ByteNFA()
+        self.rule_index: dict[str, int] = {}
+        self.recursive = _rules_on_cycles(grammar)
+        self._size_memo: dict[int, int] = {}
+        self._inline_memo: dict[str, bool] = {}
+        self.pending: list[str] = []  # rules allocated but not yet built (no recursion per rule)
+
+    # -- states and edges
+    def new_state(self) -> int:
+        nfa = self.nfa
+        if len(nfa.eps) >= self.max_states:
+            raise GrammarBudgetError(
+                f"grammar needs more than {self.max_states} automaton states (raise CompileBudget.max_nfa_states)"
+            )
+        nfa.eps.append([])
+        nfa.byte_edges.append([])
+        nfa.calls.append([])
+        nfa.final_rule.append(-1)
+        return len(nfa.eps) - 1
+
+    def rule(self, name: str) -> int:
+        """Index of rule ``name``, building its fragment on first use."""
+        if name in self.rule_index:
+            return self.rule_index[name]
+        nfa = self.nfa
+        idx = len(nfa.rule_names)
+        self.rule_index[name] = idx
+        start, final = self.new_state(), self.new_state()
+        nfa.rule_names.append(name)
+        nfa.rule_start.append(start)
+        nfa.rule_final.append(final)
+        nfa.final_rule[final] = idx
+        self.pending.append(name)
+        return idx
+
+    def build_pending(self) -> None:
+        while self.pending:
+            name = self.pending.pop()
+            idx = self.rule_index[name]
+            self.build(self.grammar.rules[name], self.nfa.rule_start[idx], self.nfa.rule_final[idx])
+
+    # -- Thompson construction with an explicit work list (no recursion limit on deep IR)
+    def build(self, expr: ir.Expr, start: int, end: int) -> None:
+        work: list[tuple[ir.Expr, int, int]] = [(expr, start, end)]
+        while work:
+            e, s, t = work.pop()
+            self._build_one(e, s, t, work)
+
+    def _build_one(self, e: ir.Expr, s: int, t: int, work: list) -> None:
+        nfa = self.nfa
+        if isinstance(e, ir.Empty):
+            nfa.eps[s].append(t)
+        elif isinstance(e, ir.Nothing):
+            pass
+        elif isinstance(e, ir.Literal):
+            cur = s
+            for i, byte in enumerate(e.data):
+                nxt = t if i == len(e.data) - 1 else self.new_state()
+                nfa.byte_edges[cur].append((byte, byte, nxt))
+                cur = nxt
+        elif isinstance(e, ir.ByteClass):
+            nfa.byte_edges[s].extend((lo, hi, t) for lo, hi in e.ranges)
+        elif isinstance(e, ir.CharClass):
+            self._build_char_class(e, s, t)
+        elif isinstance(e, ir.Seq):
+            cur = s
+            for i, item in enumerate(e.items):
+                nxt = t if i == len(e.items) - 1 else self.new_state()
+                work.append((item, cur, nxt))
+                cur = nxt
+        elif isinstance(e, ir.Choice):
+            work.extend((item, s, t) for item in e.items)
+        elif isinstance(e, ir.Repeat):
+            self._build_repeat(e, s, t, work)
+        elif isinstance(e, ir.Ref):
+            if self._should_inline(e.name):
+                work.append((self.grammar.rules[e.name], s, t))
+            else:
+                nfa.calls[s].append((self.rule(e.name), t))
+        else:  # pragma: no cover - IR is closed
+            raise TypeError(f"unknown IR node {e!r}")
+
+    def _build_char_class(self, e: ir.CharClass, s: int, t: int) -> None:
+        nfa = self.nfa
+        # Share the continuation tails: states keyed by the remaining byte-range suffix.
+        tails: dict[tuple[tuple[int, int], ...], int] = {}
+        for lo, hi in e.ranges:
+            for sequence in utf8_byte_sequences(lo, hi):
+                cur = s
+                for i, (blo, bhi) in enumerate(sequence):
+                    if i == len(sequence) - 1:
+                        nfa.byte_edges[cur].append((blo, bhi, t))
+                        break
+                    rest = tuple(sequence[i + 1 :])
+                    nxt = tails.get(rest) if i > 0 else None
+                    if nxt is None:
+                        nxt = self.new_state()
+                        if i > 0:
+                            tails[rest] = nxt
+                    nfa.byte_edges[cur].append((blo, bhi, nxt))
+                    cur = nxt
+
+    def _build_repeat(self, e: ir.Repeat, s: int, t: int, work: list) -> None:
+        copies = e.min if e.max is None else e.max
+        need = self.size(e.item) * max(copies, 1)
+        if self.nfa.num_states + need > self.max_states:
+            raise GrammarBudgetError(
+                f"repetition {{{e.min},{e.max}}} needs about {need} automaton states, over the budget of {self.max_states}"
+            )
+        cur = s
+        for _ in range(e.min):
+            nxt = self.new_state()
+            work.append((e.item, cur, nxt))
+            cur = nxt
+        if e.max is None:
+            loop = self.new_state()  # fresh, so the loop never leaks into sibling branches
+            self.nfa.eps[cur].append(loop)
+            work.append((e.item, loop, loop))
+            self.nfa.eps[loop].append(t)
+            return
+        self.nfa.eps[cur].append(t)
+        for i in range(e.max - e.min):
+            nxt = t if i == e.max - e.min - 1 else self.new_state()
+            work.append((e.item, cur, nxt))
+            if nxt != t:
+                self.nfa.eps[nxt].append(t)
+            cur = nxt
+
+    # -- size estimates for budgets and inlining
+    def size(self, e: ir.Expr) -> int:
+        key = id(e)
+        if key in self._size_memo:
+            return self._size_memo[key]
+        if isinstance(e, ir.Literal):
+            n = len(e.data)
+        elif isinstance(e, ir.CharClass):
+            n = 1 + 2 * len(e.ranges)
+        elif isinstance(e, (ir.Seq, ir.Choice)):
+            n = 1 + sum(self.size(i) for i in e.items)
+        elif isinstance(e, ir.Repeat):
+            n = 1 + self.size(e.item) * max(e.min if e.max is None else e.max, 1)
+        elif isinstance(e, ir.Ref):
+            n = self.size(self.grammar.rules[e.name]) if self._should_inline(e.name) else 1
+        else:
+            n = 1
+        n = min(n, 1 << 40)
+        self._size_memo[key] = n
+        return n
+
+    def _should_inline(self, name: str) -> bool:
+        if name in self._inline_memo:
+            return self._inline_memo[name]
+        if name in self.recursive:
+            self._inline_memo[name] = False
+            return False
+        self._inline_memo[name] = False  # provisional, guards re-entry while sizing
+        ok = self.size(self.grammar.rules[name]) <= INLINE_MAX_STATES
+        self._inline_memo[name] = ok
+        return ok
+
+
+def _rules_on_cycles(grammar: ir.Grammar) -> set[str]:
+    """Rules that can reach themselves through references (Tarjan's SCC, iterative)."""
+    graph = {name: sorted(set(ir.iter_refs(expr))) for name, expr in grammar.rules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    result: set[str] = set()
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, i = work.pop()
+            if i == 0:
+                index[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack.add(node)
+            children = graph[node]
+            if i < len(children):
+                work.append((node, i + 1))
+                child = children[i]
+                if child not in index:
+                    work.append((child, 0))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == node:
+                        break
+                if len(component) > 1 or node in graph[node]:
+                    result.update(component)
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+    return result
+
+
+def _check_left_recursion(nfa: ByteNFA) -> None:
+    """Refuse grammars where a rule can call itself before consuming a byte (the stack would grow
+    without bound inside one closure)."""
+    nullable = [False] * len(nfa.rule_names)
+    changed = True
+    while changed:
+        changed = False
+        for r in range(len(nfa.rule_names)):
+            if not nullable[r] and nfa.rule_final[r] in _eps_reach(nfa, nfa.rule_start[r], nullable):
+                nullable[r] = changed = True
+    left_calls = []
+    for r in range(len(nfa.rule_names)):
+        reach = _eps_reach(nfa, nfa.rule_start[r], nullable)
+        left_calls.append({callee for q in reach for callee, _ in nfa.calls[q]})
+    for r in range(len(nfa.rule_names)):
+        seen, todo = set(), list(left_calls[r])
+        while todo:
+            x = todo.pop()
+            if x == r:
+                raise GrammarError(
+                    f"rule {nfa.rule_names[r]!r} is left-recursive (it can reach itself without consuming input); "
+                    "rewrite it with repetition, e.g. `a ::= b (op b)*`"
+                )
+            if x not in seen:
+                seen.add(x)
+                todo.extend(left_calls[x])
+
+
+def _eps_reach(nfa: ByteNFA, start: int, nullable: list[bool]) -> set[int]:
+    seen, todo = {start}, [start]
+    while todo:
+        q = todo.pop()
+        nxt = list(nfa.eps[q]) + [ret for callee, ret in nfa.calls[q] if nullable[callee]]
+        for x in nxt:
+            if x not in seen:
+                seen.add(x)
+                todo.append(x)
+    return seen
+
+
+def build_nfa(grammar: ir.Grammar, max_states: int = 2_000_000) -> ByteNFA:
+    """Compile ``grammar`` into a :class:`ByteNFA` (raising GrammarBudgetError past ``max_states``)."""
+    builder = _Builder(grammar, max_states)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20_000))  # size estimates recurse over deeply nested IR
+    try:
+        builder.nfa.root_rule = builder.rule(grammar.root)
+        builder.build_pending()
+    finally:
+        sys.setrecursionlimit(limit)
+    _check_left_recursion(builder.nfa)
+    return builder.nfa

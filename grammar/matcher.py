@@ -1,0 +1,167 @@
+"""GrammarMatcher: the per-request cursor over a shared :class:`CompiledGrammar`.
+
+It is a stack of automaton states, one per accepted token, so ``rollback(n)`` (speculative
+decoding) is a pop and ``copy()`` is cheap. Masks come from the compiled grammar's per-state
+cache; the matcher only copies a row into the caller's bitmask.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .automaton import DEAD
+from .compiler import CompiledGrammar
+
+
+class GrammarMatcher:
+    """Per-request state: accept tokens, fill bitmask rows, roll back, look ahead."""
+
+    def __init__(self, compiled: CompiledGrammar, *, max_rollback_tokens: int | None = None) -> None:
+        self.compiled = compiled
+        self.max_rollback_tokens = max_rollback_tokens
+        self._states: list[int] = [compiled.initial_state]
+        self._terminated = False
+        self._terminated_at: int | None = None  # history length when EOS was accepted
+
+    # ------------------------------------------------------------------ state
+    @property
+    def state(self) -> int:
+        return self._states[-1]
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return len(self._states) - 1
+
+    def is_terminated(self) -> bool:
+        """True once an EOS token has been accepted."""
+        return self._terminated
+
+    def can_terminate(self) -> bool:
+        """True when the text so far is a complete match (EOS would be accepted)."""
+        return not self._terminated and self.compiled.is_accepting(self.state)
+
+    def reset(self) -> None:
+        self._states = [self.compiled.initial_state]
+        self._terminated = False
+        self._terminated_at = None
+
+    def copy(self) -> "GrammarMatcher":
+        other = GrammarMatcher.__new__(GrammarMatcher)
+        other.compiled = self.compiled
+        other.max_rollback_tokens = self.max_rollback_tokens
+        other._states = list(self._states)
+        other._terminated = self._terminated
+        other._terminated_at = self._terminated_at
+        return other
+
+    # ------------------------------------------------------------------ advancing
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; a rejected token leaves the state unchanged and returns False."""
+        if self._terminated:
+            return False
+        token_id = int(token_id)
+        if token_id in self.compiled.eos_token_ids:
+            if not self.compiled.is_accepting(self.state):
+                return False
+            self._push(self.state)
+            self._terminated = True
+            self._terminated_at = len(self._states)
+            return True
+        nxt = self.compiled.next_state(self.state, token_id)
+        if nxt == DEAD:
+            return False
+        self._push(nxt)
+        return True
+
+    def accept_bytes(self, data: bytes | str) -> bool:
+        """Advance by raw bytes (counted as one step for rollback); all or nothing."""
+        if self._terminated:
+            return False
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        automaton = self.compiled.automaton
+        with self.compiled._lock:
+            nxt = automaton.step_bytes(self.state, data)
+        if nxt == DEAD:
+            return False
+        self._push(nxt)
+        return True
+
+    def _push(self, state: int) -> None:
+        self._states.append(state)
+        limit = self.max_rollback_tokens
+        if limit is not None and len(self._states) > limit + 1:
+            del self._states[0]
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens (EOS included)."""
+        if num_tokens < 0 or num_tokens > len(self._states) - 1:
+            raise ValueError(f"cannot roll back {num_tokens} tokens; {len(self._states) - 1} available")
+        if num_tokens:
+            del self._states[-num_tokens:]
+        if self._terminated and len(self._states) < (self._terminated_at or 0):
+            self._terminated = False
+            self._terminated_at = None
+
+    # ------------------------------------------------------------------ masks
+    def fill_next_token_bitmask(
+        self, bitmask: np.ndarray, index: int = 0, *, remaining_tokens: int | None = None
+    ) -> None:
+        """Write the allowed-token row into ``bitmask[index]`` (an int32 numpy array, or the
+        ``.numpy()`` view of a torch CPU tensor). Words beyond the vocabulary are zeroed.
+        With ``remaining_tokens`` (tokens left in the caller's budget, EOS included), only tokens
+        after which a complete document still fits are allowed."""
+        target = bitmask[index]
+        if self._terminated:
+            target[:] = 0
+            return
+        compiled = self.compiled
+        if remaining_tokens is None:
+            row = compiled.token_mask(self.state)
+        else:
+            row = compiled.budgeted_token_mask(self.state, remaining_tokens)
+        width = len(row)
+        target[:width] = row
+        if target.shape[0] > width:
+            target[width:] = 0
+
+    def get_next_token_bitmask(self) -> np.ndarray:
+        """A fresh copy of the current row."""
+        return self.compiled.token_mask(self.state).copy()
+
+    # ------------------------------------------------------------------ look-ahead
+    def forced_continuation(self) -> bytes:
+        """Bytes the grammar admits as the only way forward from here (jump-forward decoding);
+        stops where there is a choice or where the input may end."""
+        if self._terminated:
+            return b""
+        automaton = self.compiled.automaton
+        out = bytearray()
+        state = self.state
+        with self.compiled._lock:
+            while not automaton.accepting[state] and len(out) < 4096:
+                automaton.expand(state)
+                row = automaton.table[state]
+                live = np.flatnonzero(row >= 0)
+                if len(live) != 1:
+                    break
+                out.append(int(live[0]))
+                state = int(row[live[0]])
+        return _complete_utf8_prefix(bytes(out))
+
+    def shortest_completion(self) -> bytes:
+        """One shortest byte string that completes the match from here (b"" if complete)."""
+        if self._terminated:
+            return b""
+        with self.compiled._lock:
+            return self.compiled.distance.shortest_completion(self.state)
+
+
+def _complete_utf8_prefix(data: bytes) -> bytes:
+    """``data`` without a trailing incomplete UTF-8 sequence (callers re-tokenize whole text)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # a lead byte or ASCII: is its sequence complete?
+            need = 1 if byte < 0x80 else 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
+            return data if need <= back else data[:-back]
+    return data
