@@ -1,0 +1,659 @@
+"""Regex front end: pattern text -> character-level grammar IR.
+
+Two flavors share one hand-written parser:
+
+- ``"python"``: Python ``re`` syntax with the meaning ``re.compile(p, re.ASCII)`` gives it
+  (``\\d`` = ``[0-9]``, ``\\w`` = ``[A-Za-z0-9_]``, ``\\s`` = ``[ \\t\\n\\r\\f\\v]``, only ASCII
+  letters fold under ``i``). Inline flags ``a i m s x`` (global at the start, or scoped
+  ``(?i:...)``), verbose mode, named groups, comments, lazy quantifiers.
+- ``"ecma"``: the ECMA-262 syntax JSON Schema ``pattern`` uses (``\\uXXXX``, ``\\u{...}``,
+  ``\\cX``, ``[^]``, ``(?<name>...)``, the Unicode ``\\s`` set, ``.`` excluding line terminators).
+
+Constructs whose language is not regular, or that depend on context we do not track
+(lookaround, backreferences, conditionals, word boundaries, atomic groups, possessive
+quantifiers, anchors anywhere but the ends of a top-level alternative), raise
+:class:`UnsupportedFeatureError`; malformed patterns raise :class:`RegexSyntaxError` with the
+position. Every pattern ``re.compile(p, re.ASCII)`` rejects is rejected here too.
+
+The parser uses an explicit stack of open groups, so nesting never recurses in Python;
+nesting deeper than ``max_depth`` and repetition counts above ``max_repeat`` raise
+:class:`GrammarBudgetError` (downstream IR consumers hash and walk expressions recursively,
+so the IR depth must stay well below Python's recursion limit).
+
+The output stays at character level (``Literal`` of UTF-8 text, ``CharClass`` of code points),
+so the JSON Schema front end can rewrite characters into JSON string escapes.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass, field, replace
+from typing import Literal as _Lit
+
+from . import ir
+from .errors import GrammarBudgetError, RegexSyntaxError, UnsupportedFeatureError
+from .ir import Expr
+
+__all__ = ["regex_to_ir", "PY_CLASSES", "ECMA_CLASSES", "ECMA_WHITESPACE", "DEFAULT_MAX_DEPTH", "DEFAULT_MAX_REPEAT"]
+
+DEFAULT_MAX_DEPTH = 200
+DEFAULT_MAX_REPEAT = 100_000
+
+Ranges = tuple[tuple[int, int], ...]
+_DIGIT: Ranges = ((0x30, 0x39),)
+_WORD: Ranges = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
+ECMA_WHITESPACE: Ranges = (
+    (0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+    (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF),
+)  # WhiteSpace + LineTerminator of ECMA-262 (Zs of Unicode 15)
+PY_CLASSES: dict[str, Ranges] = {"d": _DIGIT, "w": _WORD, "s": ((0x09, 0x0D), (0x20, 0x20))}
+ECMA_CLASSES: dict[str, Ranges] = {"d": _DIGIT, "w": _WORD, "s": ECMA_WHITESPACE}
+_PY_ESCAPES = {"a": 7, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92}
+_ECMA_ESCAPES = {"f": 12, "n": 10, "r": 13, "t": 9, "v": 11}
+_ECMA_LINE_TERMINATORS: Ranges = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
+_HEX = "0123456789abcdefABCDEF"
+_OCT = "01234567"
+_ASCII_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_VERBOSE_WS = " \t\n\r\v\f"
+_ANY_STAR = ir.star(ir.ANY_CHAR)
+
+
+@dataclass(frozen=True)
+class _Flags:
+    ignore_case: bool = False
+    dotall: bool = False
+    multiline: bool = False
+    verbose: bool = False
+
+
+@dataclass
+class _Item:
+    """One parsed atom of a sequence; ``kind`` drives quantifier and anchor checks."""
+
+    expr: Expr
+    pos: int
+    kind: str  # "atom" | "group" | "repeat" | "start" | "end" (the last two: anchors)
+    # Anchors only: "strict" (\A \Z, ECMA ^ $, ^ without m), "multiline" (^ $ under m),
+    # "dollar" (Python's $ without m, which also matches before a final newline).
+    anchor: str = "strict"
+
+
+@dataclass
+class _Frame:
+    """An open group: finished alternatives plus the one being parsed."""
+
+    pos: int
+    outer_flags: _Flags
+    group: int | None = None  # capture index, to know which groups are still open
+    alts: list[list[_Item]] = field(default_factory=list)
+    items: list[_Item] = field(default_factory=list)
+
+
+def regex_to_ir(
+    pattern: str,
+    *,
+    flavor: _Lit["python", "ecma"] = "python",
+    mode: _Lit["fullmatch", "search"] = "fullmatch",
+    ignore_case: bool = False,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    max_repeat: int = DEFAULT_MAX_REPEAT,
+) -> Expr:
+    """Lower ``pattern`` to a character-level IR expression.
+
+    ``mode="fullmatch"`` matches whole strings (``re.fullmatch``); ``mode="search"`` is the
+    unanchored JSON Schema meaning: each top-level alternative gets ``.*`` (any character,
+    newline included) before and after unless it is anchored with ``^`` / ``$``.
+    Raises RegexSyntaxError, UnsupportedFeatureError or GrammarBudgetError.
+    """
+    if flavor not in ("python", "ecma"):
+        raise ValueError(f"unknown regex flavor {flavor!r}")
+    if mode not in ("fullmatch", "search"):
+        raise ValueError(f"unknown regex mode {mode!r}")
+    return _Parser(pattern, flavor, mode, ignore_case, max_depth, max_repeat).parse()
+
+
+class _Parser:
+    def __init__(self, pattern: str, flavor: str, mode: str, ignore_case: bool, max_depth: int, max_repeat: int):
+        self.p = pattern
+        self.n = len(pattern)
+        self.py = flavor == "python"
+        self.mode = mode
+        self.max_depth = max_depth
+        self.max_repeat = max_repeat
+        self.i = 0
+        self.flags = _Flags(ignore_case=ignore_case)
+        self.stack: list[_Frame] = [_Frame(0, self.flags)]
+        self.groups = 1  # next capture index (re counts group 0)
+        self.open_groups: set[int] = set()
+        self.names: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ errors and helpers
+
+    def syntax(self, msg: str, pos: int) -> RegexSyntaxError:
+        return RegexSyntaxError(msg, self.p, pos)
+
+    def unsupported(self, what: str, pos: int) -> UnsupportedFeatureError:
+        err = UnsupportedFeatureError(f"{what} is not supported (at position {pos} in {self.p!r})")
+        err.pattern, err.position = self.p, pos  # same attributes as RegexSyntaxError
+        return err
+
+    def peek(self, k: int = 0) -> str | None:
+        j = self.i + k
+        return self.p[j] if j < self.n else None
+
+    def add(self, expr: Expr, pos: int, kind: str = "atom", anchor: str = "strict") -> None:
+        self.stack[-1].items.append(_Item(expr, pos, kind, anchor))
+
+    # ------------------------------------------------------------------ main loop
+
+    def parse(self) -> Expr:
+        while self.i < self.n:
+            c = self.p[self.i]
+            if self.py and self.flags.verbose and c in _VERBOSE_WS + "#":
+                self.skip_verbose(c)
+            elif c == "|":
+                frame = self.stack[-1]
+                frame.alts.append(frame.items)
+                frame.items = []
+                self.i += 1
+            elif c == "(":
+                self.open_group()
+            elif c == ")":
+                self.close_group()
+            elif c in "*+?" or (c == "{" and self.quantifier_ahead()):
+                self.quantifier()
+            elif c == "[":
+                self.add(self.char_class(), self.i)
+            elif c == "\\":
+                self.escape()
+            elif c == ".":
+                self.add(self.dot(), self.i)
+                self.i += 1
+            elif c in "^$":
+                multiline = self.py and self.flags.multiline
+                mode = "multiline" if multiline else ("dollar" if self.py and c == "$" else "strict")
+                self.anchor("start" if c == "^" else "end", mode, self.i)
+                self.i += 1
+            else:
+                self.add(self.char(ord(c)), self.i)
+                self.i += 1
+        if len(self.stack) > 1:
+            raise self.syntax("missing ), unterminated subpattern", self.stack[-1].pos)
+        top = self.stack[0]
+        return ir.choice(*(self.finish_alternative(alt) for alt in top.alts + [top.items]))
+
+    def skip_verbose(self, c: str) -> None:
+        if c == "#":
+            nl = self.p.find("\n", self.i)
+            self.i = self.n if nl < 0 else nl + 1
+        else:
+            self.i += 1
+
+    # ------------------------------------------------------------------ atoms
+
+    def char(self, cp: int) -> Expr:
+        if self.flags.ignore_case and cp < 128 and chr(cp) in _ASCII_LETTERS:
+            return ir.char_class(_fold(((cp, cp),)))
+        if 0xD800 <= cp <= 0xDFFF:
+            return ir.NOTHING  # a lone surrogate never occurs in valid UTF-8 text
+        return ir.literal(chr(cp))
+
+    def set_expr(self, ranges: Ranges, negate: bool = False) -> Expr:
+        if self.flags.ignore_case:
+            ranges = _fold(ranges)
+        expr = ir.char_class(ranges, negate=negate)
+        if isinstance(expr, ir.CharClass) and len(expr.ranges) == 1 and expr.ranges[0][0] == expr.ranges[0][1]:
+            return ir.literal(chr(expr.ranges[0][0]))  # [.] is the literal '.': lets literals merge
+        return expr
+
+    def dot(self) -> Expr:
+        if not self.py:
+            return ir.char_class(_ECMA_LINE_TERMINATORS, negate=True)
+        return ir.ANY_CHAR if self.flags.dotall else ir.char_class(((10, 10),), negate=True)
+
+    def anchor(self, kind: str, mode: str, pos: int) -> None:
+        if len(self.stack) > 1:
+            name = self.p[pos : pos + (2 if self.p[pos] == "\\" else 1)]
+            raise self.unsupported(f"anchor {name!r} inside a group", pos)
+        self.add(ir.EMPTY, pos, kind, mode)
+
+    # ------------------------------------------------------------------ groups
+
+    def open_group(self) -> None:
+        start = self.i
+        if len(self.stack) > self.max_depth:
+            raise GrammarBudgetError(
+                f"regex nesting deeper than {self.max_depth} groups at position {start} (max_depth)"
+            )
+        self.i += 1
+        flags = self.flags
+        group: int | None = None
+        if self.peek() == "?":
+            self.i += 1
+            ext = self.extension(start)
+            if ext is None:
+                return  # a comment or global flags: no group
+            kind, value = ext
+            if kind == "flags":
+                flags = value
+            elif kind == "named":
+                group = self.new_group(value, start)
+        else:
+            group = self.new_group(None, start)
+        self.stack.append(_Frame(start, self.flags, group))
+        self.flags = flags
+
+    def new_group(self, name: str | None, pos: int) -> int:
+        index = self.groups
+        self.groups += 1
+        self.open_groups.add(index)
+        if name is not None:
+            if name in self.names:
+                raise self.syntax(f"redefinition of group name {name!r}", pos)
+            self.names[name] = index
+        return index
+
+    def extension(self, start: int) -> tuple[str, object] | None:
+        """Parse after ``(?``; returns ("plain"|"named"|"flags", value) or None (no group)."""
+        c = self.peek()
+        if c is None:
+            raise self.syntax("unexpected end of pattern", self.i)
+        if c == ":":
+            self.i += 1
+            return ("plain", None)
+        if c in "=!":
+            raise self.unsupported(f"lookahead '(?{c}'", start)
+        if c == "<" and self.peek(1) in ("=", "!"):
+            raise self.unsupported(f"lookbehind '(?<{self.peek(1)}'", start)
+        if self.py:
+            return self.py_extension(c, start)
+        if c == "<":
+            self.i += 1
+            return ("named", self.group_name(">", start))
+        raise self.syntax(f"invalid group '(?{c}'", start)
+
+    def py_extension(self, c: str, start: int) -> tuple[str, object] | None:
+        if c == "P":
+            self.i += 1
+            nxt = self.peek()
+            if nxt == "<":
+                self.i += 1
+                return ("named", self.group_name(">", start))
+            if nxt == "=":
+                self.i += 1
+                name = self.group_name(")", start)
+                if name not in self.names:
+                    raise self.syntax(f"unknown group name {name!r}", start)
+                raise self.unsupported(f"backreference '(?P={name})'", start)
+            raise self.syntax(f"unknown extension ?P{nxt or ''}", start)
+        if c == "#":
+            end = self.p.find(")", self.i)
+            if end < 0:
+                raise self.syntax("missing ), unterminated comment", start)
+            self.i = end + 1
+            return None
+        if c == "(":
+            raise self.unsupported("conditional group '(?('", start)
+        if c == ">":
+            raise self.unsupported("atomic group '(?>'", start)
+        if c in "aiLmsuxt-":
+            return self.py_flags(start)
+        raise self.syntax(f"unknown extension ?{c}", start)
+
+    def group_name(self, terminator: str, start: int) -> str:
+        end = self.p.find(terminator, self.i)
+        if end < 0:
+            raise self.syntax(f"missing {terminator}, unterminated name", self.i)
+        name = self.p[self.i : end]
+        if not name:
+            raise self.syntax("missing group name", self.i)
+        if not name.isidentifier() or (not self.py and not name.isascii()):
+            raise self.syntax(f"bad character in group name {name!r}", self.i)
+        self.i = end + 1
+        return name
+
+    def py_flags(self, start: int) -> tuple[str, object] | None:
+        on, off, cur = "", "", "on"
+        while True:
+            c = self.peek()
+            if c is None:
+                raise self.syntax("missing -, : or )", self.i)
+            self.i += 1
+            if c == ")" and cur == "on" and not off:
+                break
+            if c == ":":
+                break
+            if c == "-" and cur == "on":
+                cur = "off"
+                continue
+            if c in "Lut":
+                raise self.unsupported(f"inline flag {c!r}", self.i - 1)
+            if c not in "aimsx" or (cur == "off" and c == "a"):
+                raise self.syntax("unknown flag" if c.isalpha() else "missing -, : or )", self.i - 1)
+            on, off = (on + c, off) if cur == "on" else (on, off + c)
+        if cur == "off" and not off:
+            raise self.syntax("missing flag", self.i - 1)
+        if set(on) & set(off):
+            raise self.syntax("bad inline flags: flag turned on and off", self.i - 1)
+        flags = _apply_flags(self.flags, on, off)
+        if c == ")":  # global flags: only before the first item of the pattern
+            frame = self.stack[-1]
+            if len(self.stack) > 1 or frame.alts or frame.items:
+                raise self.syntax("global flags not at the start of the expression", start)
+            self.flags = flags
+            return None
+        return ("flags", flags)
+
+    def close_group(self) -> None:
+        if len(self.stack) == 1:
+            raise self.syntax("unbalanced parenthesis", self.i)
+        frame = self.stack.pop()
+        self.i += 1
+        self.flags = frame.outer_flags
+        if frame.group is not None:
+            self.open_groups.discard(frame.group)
+        expr = ir.choice(*(ir.seq(*(it.expr for it in alt)) for alt in frame.alts + [frame.items]))
+        self.add(expr, frame.pos, "group")
+
+    # ------------------------------------------------------------------ quantifiers
+
+    def quantifier_ahead(self) -> bool:
+        """Whether the ``{`` at ``self.i`` starts a valid quantifier (else it is a literal)."""
+        return self.brace_bounds(self.i) is not None
+
+    def brace_bounds(self, at: int) -> tuple[int, int | None, int] | None:
+        j = at + 1
+        k = j
+        while k < self.n and self.p[k].isdigit() and self.p[k].isascii():
+            k += 1
+        lo_text = self.p[j:k]
+        hi_text = lo_text
+        comma = k < self.n and self.p[k] == ","
+        if comma:
+            m = k + 1
+            while m < self.n and self.p[m].isdigit() and self.p[m].isascii():
+                m += 1
+            hi_text = self.p[k + 1 : m]
+            k = m
+        if k >= self.n or self.p[k] != "}":
+            return None
+        if not lo_text and (not self.py or not comma):
+            return None  # '{}' (and in ECMA '{,n}') is literal text
+        lo = int(lo_text) if lo_text else 0
+        hi = int(hi_text) if hi_text else None
+        return lo, hi, k + 1
+
+    def quantifier(self) -> None:
+        start = self.i
+        c = self.p[start]
+        if c == "{":
+            lo, hi, self.i = self.brace_bounds(start)  # type: ignore[misc]
+            for bound in (lo, hi):
+                if bound is not None and bound > self.max_repeat:
+                    raise GrammarBudgetError(
+                        f"repetition count {bound} above max_repeat={self.max_repeat} at position {start}"
+                    )
+            if hi is not None and hi < lo:
+                raise self.syntax("min repeat greater than max repeat", start + 1)
+        else:
+            lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+            self.i += 1
+        items = self.stack[-1].items
+        if not items or items[-1].kind in ("start", "end"):
+            raise self.syntax("nothing to repeat", start)
+        if items[-1].kind == "repeat":
+            raise self.syntax("multiple repeat", start)
+        if self.peek() == "?":
+            self.i += 1  # lazy: same language
+        elif self.peek() == "+" and self.py:
+            raise self.unsupported(f"possessive quantifier {self.p[start:self.i + 1]!r}", start)
+        last = items[-1]
+        items[-1] = _Item(ir.repeat(last.expr, lo, hi), last.pos, "repeat")
+
+    # ------------------------------------------------------------------ escapes
+
+    def escape(self) -> None:
+        """An escape outside a class: anchors, classes, backreferences or one character."""
+        start = self.i
+        if start + 1 >= self.n:
+            raise self.syntax("bad escape (end of pattern)", start)
+        c = self.p[start + 1]
+        if c in "bB":
+            raise self.unsupported(f"word boundary '\\{c}'", start)
+        if self.py and c in "AZ":
+            self.i += 2
+            self.anchor("start" if c == "A" else "end", "strict", start)
+            return
+        if c.isdigit() and c != "0" and c.isascii():
+            if self.backreference(start):
+                return
+        kind, value = self.escape_value(in_class=False)
+        self.add(self.set_expr(*value) if kind == "set" else self.char(value), start)
+
+    def backreference(self, start: int) -> bool:
+        """``\\1``-style references (refused); False when Python reads the digits as octal."""
+        if self.py:
+            digits = self.p[start + 1 : start + 4]
+            if len(digits) == 3 and all(d in _OCT for d in digits):
+                return False
+            j = start + 1 + (2 if len(digits) >= 2 and digits[1].isdigit() and digits[1].isascii() else 1)
+            group = int(self.p[start + 1 : j])
+            if group >= self.groups:
+                raise self.syntax(f"invalid group reference {group}", start + 1)
+            if group in self.open_groups:
+                raise self.syntax("cannot refer to an open group", start)
+        raise self.unsupported(f"backreference {self.p[start:start + 2]!r}...", start)
+
+    def escape_value(self, in_class: bool) -> tuple[str, object]:
+        """Parse ``\\X`` at ``self.i``: ("char", code point) or ("set", (ranges, negate))."""
+        start = self.i
+        if start + 1 >= self.n:
+            raise self.syntax("bad escape (end of pattern)", start)
+        c = self.p[start + 1]
+        self.i += 2
+        classes = PY_CLASSES if self.py else ECMA_CLASSES
+        if c.lower() in classes:
+            return "set", (classes[c.lower()], c.isupper())
+        if in_class and c == "b":
+            return "char", 8
+        simple = _PY_ESCAPES if self.py else _ECMA_ESCAPES
+        if c in simple:
+            return "char", simple[c]
+        if c == "x":
+            return "char", self.hex_digits(2, start)
+        if c == "u":
+            if not self.py and self.peek() == "{":
+                return "char", self.braced_code_point(start)
+            return "char", self.utf16_pair(self.hex_digits(4, start), start)
+        if self.py:
+            return "char", self.py_escape_tail(c, start, in_class)
+        return "char", self.ecma_escape_tail(c, start, in_class)
+
+    def py_escape_tail(self, c: str, start: int, in_class: bool) -> int:
+        if c == "U":
+            cp = self.hex_digits(8, start)
+            if cp > ir.MAX_UNICODE:
+                raise self.syntax(f"bad escape {self.p[start:self.i]}", start)
+            return cp
+        if c == "N":
+            if self.peek() != "{":
+                raise self.syntax("missing {", self.i)
+            end = self.p.find("}", self.i)
+            name = self.p[self.i + 1 : end] if end > 0 else ""
+            if end < 0 or not name:
+                raise self.syntax("missing character name", self.i)
+            try:
+                cp = ord(unicodedata.lookup(name))
+            except KeyError:
+                raise self.syntax(f"undefined character name {name!r}", start) from None
+            self.i = end + 1
+            return cp
+        if c in _OCT and (c == "0" or in_class):
+            digits = c
+            while len(digits) < 3 and self.peek() is not None and self.peek() in _OCT:
+                digits += self.p[self.i]
+                self.i += 1
+            if int(digits, 8) > 0o377:
+                raise self.syntax(f"octal escape value \\{digits} outside of range 0-0o377", start)
+            return int(digits, 8)
+        if c in _ASCII_LETTERS or c in "89":
+            raise self.syntax(f"bad escape \\{c}", start)
+        if c in "1234567":  # outside a class, three octal digits (checked by backreference())
+            self.i += 2
+            value = int(self.p[start + 1 : self.i], 8)
+            if value > 0o377:
+                raise self.syntax(f"octal escape value {self.p[start:self.i]} outside of range 0-0o377", start)
+            return value
+        return ord(c)
+
+    def ecma_escape_tail(self, c: str, start: int, in_class: bool) -> int:
+        if c == "0" and not (self.peek() or "").isdigit():
+            return 0
+        if c == "c":
+            letter = self.peek()
+            if letter is None or letter not in _ASCII_LETTERS:
+                raise self.syntax("bad control escape \\c", start)
+            self.i += 1
+            return ord(letter) % 32
+        if c in "pP":
+            raise self.unsupported(f"Unicode property escape '\\{c}'", start)
+        if c == "k":
+            raise self.unsupported("backreference '\\k'", start)
+        if c.isalnum() and c.isascii():
+            raise self.syntax(f"bad escape \\{c}", start)
+        return ord(c)  # identity escape of a syntax character
+
+    def hex_digits(self, count: int, start: int) -> int:
+        text = self.p[self.i : self.i + count]
+        if len(text) != count or any(h not in _HEX for h in text):
+            raise self.syntax(f"incomplete escape {self.p[start:self.i + count]}", start)
+        self.i += count
+        return int(text, 16)
+
+    def braced_code_point(self, start: int) -> int:
+        end = self.p.find("}", self.i)
+        text = self.p[self.i + 1 : end] if end > 0 else ""
+        if not text or any(h not in _HEX for h in text) or int(text, 16) > ir.MAX_UNICODE:
+            raise self.syntax("bad \\u{...} escape", start)
+        self.i = end + 1
+        return int(text, 16)
+
+    def utf16_pair(self, cp: int, start: int) -> int:
+        """ECMA writes astral characters as surrogate pairs ``\\uD83D\\uDE00``: join them."""
+        if self.py or not 0xD800 <= cp <= 0xDBFF or self.p[self.i : self.i + 2] != "\\u":
+            return cp
+        text = self.p[self.i + 2 : self.i + 6]
+        if len(text) == 4 and all(h in _HEX for h in text) and 0xDC00 <= int(text, 16) <= 0xDFFF:
+            self.i += 6
+            return 0x10000 + ((cp - 0xD800) << 10) + (int(text, 16) - 0xDC00)
+        return cp
+
+    # ------------------------------------------------------------------ character classes
+
+    def class_atom(self) -> tuple[str, object]:
+        c = self.p[self.i]
+        if c == "\\":
+            return self.escape_value(in_class=True)
+        self.i += 1
+        return "char", ord(c)
+
+    def char_class(self) -> Expr:
+        start = self.i
+        self.i += 1
+        negate = self.peek() == "^"
+        if negate:
+            self.i += 1
+        ranges: list[tuple[int, int]] = []
+        count = 0
+        while True:
+            c = self.peek()
+            if c is None:
+                raise self.syntax("unterminated character set", start)
+            if c == "]" and (count or not self.py):
+                self.i += 1
+                break
+            atom_pos = self.i
+            kind, value = self.class_atom()
+            count += 1
+            if self.peek() == "-" and self.peek(1) not in (None, "]"):
+                self.i += 1
+                kind2, value2 = self.class_atom()
+                if kind != "char" or kind2 != "char":
+                    raise self.syntax(f"bad character range {self.p[atom_pos:self.i]}", atom_pos)
+                if value2 < value:  # type: ignore[operator]
+                    raise self.syntax(f"bad character range {self.p[atom_pos:self.i]}", atom_pos)
+                ranges.append((value, value2))  # type: ignore[arg-type]
+            elif kind == "char":
+                ranges.append((value, value))  # type: ignore[arg-type]
+            else:
+                set_ranges, set_neg = value  # type: ignore[misc]
+                ranges.extend(ir.invert_ranges(set_ranges) if set_neg else set_ranges)
+        return self.set_expr(tuple(ranges), negate)
+
+    # ------------------------------------------------------------------ anchors and search mode
+
+    def finish_alternative(self, items: list[_Item]) -> Expr:
+        """Strip leading/trailing anchors of a top-level alternative; add search-mode padding.
+
+        Anchors are zero-width conditions on one position: leading ones constrain the text
+        before the match, trailing ones the text after it (an anchors-only alternative: both).
+        """
+        if all(it.kind in ("start", "end") for it in items):
+            lead = trail = len(items)
+            before, after = items, items
+        else:
+            lead = 0
+            while items[lead].kind == "start":
+                lead += 1
+            trail = len(items)
+            while items[trail - 1].kind == "end":
+                trail -= 1
+            before, after = items[:lead], items[trail:]
+        for it in items[lead:trail]:
+            if it.kind in ("start", "end"):
+                name = self.p[it.pos : it.pos + (2 if self.p[it.pos] == "\\" else 1)]
+                raise self.unsupported(f"anchor {name!r} that is not at an end of the pattern", it.pos)
+        body = ir.seq(*(it.expr for it in items[lead:trail]))
+        if self.mode == "fullmatch":
+            return body
+        return ir.seq(_prefix(before), body, _suffix(after))
+
+
+def _prefix(anchors: list[_Item]) -> Expr:
+    """What search mode allows before a match that starts at ``anchors``' position."""
+    modes = {a.anchor for a in anchors if a.kind == "start"}
+    if not modes:
+        return _ANY_STAR
+    if "strict" in modes:
+        return ir.EMPTY
+    return ir.optional(ir.seq(_ANY_STAR, ir.literal("\n")))  # ^ under m: start or after a newline
+
+
+def _suffix(anchors: list[_Item]) -> Expr:
+    """What search mode allows after a match that ends at ``anchors``' position."""
+    modes = {a.anchor for a in anchors if a.kind == "end"}
+    if not modes:
+        return _ANY_STAR
+    if "strict" in modes:
+        return ir.EMPTY
+    if "dollar" in modes:
+        return ir.optional(ir.literal("\n"))  # Python's $ also matches before a final newline
+    return ir.optional(ir.seq(ir.literal("\n"), _ANY_STAR))  # $ under m: end or before a newline
+
+
+def _apply_flags(flags: _Flags, on: str, off: str) -> _Flags:
+    names = {"i": "ignore_case", "s": "dotall", "m": "multiline", "x": "verbose"}
+    changes = {names[f]: True for f in on if f in names}
+    changes.update({names[f]: False for f in off if f in names})
+    return replace(flags, **changes)
+
+
+def _fold(ranges: Ranges) -> Ranges:
+    """Close ``ranges`` under ASCII case folding (what ``re.IGNORECASE | re.ASCII`` does)."""
+    out = list(ranges)
+    for lo, hi in ranges:
+        for base, other in ((0x61, 0x41), (0x41, 0x61)):
+            a, b = max(lo, base), min(hi, base + 25)
+            if a <= b:
+                out.append((a - base + other, b - base + other))
+    return ir.normalize_ranges(out)
