@@ -23,7 +23,7 @@ from .automaton import DEAD, AutomatonBudget, LazyAutomaton
 from .bitmask import BITMASK_DTYPE, bitmask_width, pack_bool_mask
 from .completion import CompletionDistance
 from .fsm import build_nfa
-from .token_trie import trie_for, walk_trie
+from .token_masks import mask_computer_for
 from .vocab import TokenVocabulary
 
 
@@ -63,7 +63,8 @@ class CompiledGrammar:
             self.nfa,
             AutomatonBudget(max_states=self.budget.max_automaton_states, max_stack_depth=self.budget.max_stack_depth),
         )
-        self.trie = trie_for(vocab)
+        self.masks = mask_computer_for(vocab)
+        self.trie = self.masks.trie
         self.mask_width = bitmask_width(vocab.vocab_size)
         self._max_cached_masks = max(16, self.budget.max_mask_cache_bytes // (4 * self.mask_width))
         self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -85,7 +86,7 @@ class CompiledGrammar:
             if row is not None:
                 self._masks.move_to_end(state)
                 return row
-            allowed, _ = walk_trie(self.trie, self.automaton, state)
+            allowed, _ = self.masks.allowed(self.automaton, state)
             if self.automaton.accepting[state]:
                 allowed[self.trie.eos_ids] = True
             row = pack_bool_mask(allowed)
@@ -117,7 +118,7 @@ class CompiledGrammar:
         """Allowed token ids of ``state`` and the shortest completion (bytes) after each."""
         hit = self._after.get(state)
         if hit is None:
-            allowed, end_state = walk_trie(self.trie, self.automaton, state, want_states=True)
+            allowed, end_state = self.masks.allowed(self.automaton, state, want_states=True)
             ids = np.flatnonzero(allowed)
             ends = end_state[ids]
             uniq, inverse = np.unique(ends, return_inverse=True)

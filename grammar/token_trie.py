@@ -55,8 +55,14 @@ def trie_for(vocab: TokenVocabulary) -> TokenTrie:
 
 def _build_trie(vocab: TokenVocabulary) -> TokenTrie:
     ids = [i for i, t in enumerate(vocab.token_bytes) if t and i not in vocab.special_token_ids]
-    ids.sort(key=lambda i: vocab.token_bytes[i])
-    toks = [vocab.token_bytes[i] for i in ids]
+    return build_trie_from(ids, [vocab.token_bytes[i] for i in ids], vocab.vocab_size, sorted(vocab.eos_token_ids))
+
+
+def build_trie_from(ids: list[int], token_bytes: list[bytes], vocab_size: int, eos_ids=()) -> TokenTrie:
+    """A trie over arbitrary (id, bytes) pairs; several ids may share one byte string."""
+    order = sorted(range(len(ids)), key=lambda j: token_bytes[j])
+    ids = [ids[j] for j in order]
+    toks = [token_bytes[j] for j in order]
     # Identical byte strings: keep the first as representative.
     keep, dup_src, dup_dst = [], [], []
     for j, t in enumerate(toks):
@@ -110,10 +116,10 @@ def _build_trie(vocab: TokenVocabulary) -> TokenTrie:
         prev_node_of_token = full
     return TokenTrie(
         levels=levels,
-        vocab_size=vocab.vocab_size,
+        vocab_size=vocab_size,
         dup_src=np.array(dup_src, dtype=np.int64),
         dup_dst=np.array(dup_dst, dtype=np.int64),
-        eos_ids=np.array(sorted(vocab.eos_token_ids), dtype=np.int64),
+        eos_ids=np.array(list(eos_ids), dtype=np.int64),
     )
 
 
