@@ -1,1 +1,5 @@
 """formcast.kernels: torch/triton kernels (imports only torch and triton)."""
+
+from .token_bitmask import apply_token_bitmask_inplace
+
+__all__ = ["apply_token_bitmask_inplace"]
