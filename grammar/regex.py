@@ -180,7 +180,7 @@ class _Parser:
         if len(self.stack) > 1:
             raise self.syntax("missing ), unterminated subpattern", self.stack[-1].pos)
         top = self.stack[0]
-        return ir.choice(*(self.finish_alternative(alt) for alt in top.alts + [top.items]))
+        return _alternation([self.finish_alternative(alt) for alt in top.alts + [top.items]])
 
     def skip_verbose(self, c: str) -> None:
         if c == "#":
@@ -352,8 +352,7 @@ class _Parser:
         self.flags = frame.outer_flags
         if frame.group is not None:
             self.open_groups.discard(frame.group)
-        expr = ir.choice(*(ir.seq(*(it.expr for it in alt)) for alt in frame.alts + [frame.items]))
-        self.add(expr, frame.pos, "group")
+        self.add(_alternation([_join([it.expr for it in alt]) for alt in frame.alts + [frame.items]]), frame.pos, "group")
 
     # ------------------------------------------------------------------ quantifiers
 
@@ -613,7 +612,7 @@ class _Parser:
             if it.kind in ("start", "end"):
                 name = self.p[it.pos : it.pos + (2 if self.p[it.pos] == "\\" else 1)]
                 raise self.unsupported(f"anchor {name!r} that is not at an end of the pattern", it.pos)
-        body = ir.seq(*(it.expr for it in items[lead:trail]))
+        body = _join([it.expr for it in items[lead:trail]])
         if self.mode == "fullmatch":
             return body
         return ir.seq(_prefix(before), body, _suffix(after))
@@ -639,6 +638,36 @@ def _suffix(anchors: list[_Item]) -> Expr:
     if "dollar" in modes:
         return ir.optional(ir.literal("\n"))  # Python's $ also matches before a final newline
     return ir.optional(ir.seq(ir.literal("\n"), _ANY_STAR))  # $ under m: end or before a newline
+
+
+def _join(exprs: list[Expr]) -> Expr:
+    """``ir.seq`` with runs of literals joined once (ir.seq appends pairwise: quadratic on long text)."""
+    out: list[Expr] = []
+    run: list[bytes] = []
+    for e in exprs:
+        if isinstance(e, ir.Literal):
+            run.append(e.data)
+            continue
+        if run:
+            out.append(ir.Literal(b"".join(run)))
+            run = []
+        out.append(e)
+    if run:
+        out.append(ir.Literal(b"".join(run)))
+    return ir.seq(*out)
+
+
+def _alternation(alts: list[Expr]) -> Expr:
+    """``ir.choice``, except that alternatives of single characters become one class (a|b|[cd])."""
+    ranges: list[tuple[int, int]] = []
+    for e in alts:
+        if isinstance(e, ir.CharClass):
+            ranges.extend(e.ranges)
+        elif isinstance(e, ir.Literal) and len(text := e.data.decode("utf-8")) == 1:
+            ranges.append((ord(text), ord(text)))
+        else:
+            return ir.choice(*alts)
+    return ir.char_class(ranges) if len(alts) > 1 else alts[0]
 
 
 def _apply_flags(flags: _Flags, on: str, off: str) -> _Flags:
