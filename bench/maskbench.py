@@ -1,0 +1,541 @@
+"""MaskBench runner: JSON-schema masks of formcast against llguidance, xgrammar (and outlines-core).
+
+Method (``../shared/bench/maskbench/README.md``), per engine and schema:
+- time to first mask (TTFM): schema -> compiled grammar -> matcher -> first mask, compile caches
+  cleared before each schema (formcast ``clear_cache()``, xgrammar ``cache_enabled=False``);
+- time between masks (TBM): for each token of ``json.dumps(data, ensure_ascii=False)`` (default
+  separators, tokenized without special tokens): fill the mask row, check the token's bit, accept
+  it; one sample = mask + accept. The final mask (is EOS allowed?) is one more sample.
+- class per schema: pass / compile (refused) / validation (a valid instance rejected) /
+  invalidation (an invalid instance accepted: every token allowed and accepted, EOS allowed) /
+  timeout / crash. A schema with both kinds of error counts as an invalidation error.
+
+Each (schema, engine) pair runs in a recycled worker process with a time limit: a hang or a
+crash costs that pair only. Workers load the tokenizer and every engine once, then warm up on a
+trivial schema so per-tokenizer precomputation (token tries, slicers) stays out of TTFM.
+
+    python bench/maskbench.py --sample 1000 --seed 0 --jobs 2 --out /tmp/mb.jsonl
+    python bench/maskbench.py --summarize /tmp/mb.jsonl      # tables again, no run
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+import traceback
+from collections import Counter
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_INPUT = ROOT.parent / "shared" / "bench" / "maskbench" / "dev.jsonl.gz"
+CLASSES = ("pass", "compile", "validation", "invalidation", "timeout", "crash")
+ANCHORS = ("llguidance", "xgrammar")
+RECYCLE_AFTER = 300  # tasks per worker: bounds memory growth of caches and leaks
+
+
+class Refused(Exception):
+    """An engine refused the schema (its compile error)."""
+
+
+# ---------------------------------------------------------------------------- engine adapters
+# An adapter turns a schema into a matcher factory: compile(schema) -> Walker; a Walker has
+# fill(mask) (int32 numpy row), accept(token) -> bool, and new() for a fresh matcher.
+
+
+class FormcastEngine:
+    name = "formcast"
+
+    def __init__(self, tok: Any, eos: int) -> None:
+        import grammar
+
+        self.vocab = grammar.TokenVocabulary.from_tokenizer(tok)
+        self.grammar = grammar
+        self.width = (self.vocab.vocab_size + 31) // 32
+
+    def compile(self, schema: Any) -> Callable[[], Any]:
+        from grammar import compiler
+
+        compiler.clear_cache()
+        try:
+            compiled = self.grammar.compile_json_schema(schema, self.vocab)
+        except self.grammar.GrammarError as exc:
+            raise Refused(f"{type(exc).__name__}: {exc}") from exc
+        return lambda: _FormcastWalker(self.grammar.GrammarMatcher(compiled))
+
+
+class _FormcastWalker:
+    def __init__(self, matcher: Any) -> None:
+        self.m = matcher
+
+    def fill(self, mask: np.ndarray) -> None:
+        self.m.fill_next_token_bitmask(mask, 0)
+
+    def accept(self, token: int) -> bool:
+        return self.m.accept_token(token)
+
+
+class LLGuidanceEngine:
+    name = "llguidance"
+
+    def __init__(self, tok: Any, eos: int) -> None:
+        import llguidance
+        import llguidance.hf
+        import llguidance.numpy
+
+        self.ll = llguidance
+        self.fill_fn = llguidance.numpy.fill_next_token_bitmask
+        self.tokenizer = llguidance.hf.from_tokenizer(tok, eos_token=eos)
+
+    def compile(self, schema: Any) -> Callable[[], Any]:
+        try:
+            grm = self.ll.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": True})
+        except ValueError as exc:
+            raise Refused(str(exc)) from exc
+        first = self.ll.LLMatcher(self.tokenizer, grm, log_level=0)
+        if first.is_error():
+            raise Refused(first.get_error())
+        pending = [first]  # the first matcher is the one whose construction TTFM timed
+
+        def new() -> Any:
+            m = pending.pop() if pending else self.ll.LLMatcher(self.tokenizer, grm, log_level=0)
+            return _LLWalker(m, self.fill_fn)
+
+        return new
+
+
+class _LLWalker:
+    def __init__(self, matcher: Any, fill_fn: Callable) -> None:
+        self.m, self.fill_fn = matcher, fill_fn
+
+    def fill(self, mask: np.ndarray) -> None:
+        self.fill_fn(self.m, mask, 0)
+        if self.m.is_error():
+            raise Refused(self.m.get_error())
+
+    def accept(self, token: int) -> bool:
+        return bool(self.m.consume_token(token)) and not self.m.is_error()
+
+
+class XGrammarEngine:
+    name = "xgrammar"
+
+    def __init__(self, tok: Any, eos: int) -> None:
+        import torch
+        import xgrammar
+
+        torch.set_num_threads(1)
+        self.xg = xgrammar
+        info = xgrammar.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok), stop_token_ids=[eos])
+        threads = int(os.environ.get("MASKBENCH_XGR_THREADS", "1"))
+        self.compiler = xgrammar.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
+        self.tmask = xgrammar.allocate_token_bitmask(1, len(tok))
+
+    def compile(self, schema: Any) -> Callable[[], Any]:
+        try:
+            compiled = self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=True, strict_mode=False)
+        except Exception as exc:  # xgrammar reports bad or unsupported schemas as exceptions
+            raise Refused(f"{type(exc).__name__}: {exc}") from exc
+        return lambda: _XGWalker(self.xg.GrammarMatcher(compiled), self.tmask)
+
+
+class _XGWalker:
+    def __init__(self, matcher: Any, tmask: Any) -> None:
+        self.m, self.tmask, self.view = matcher, tmask, tmask.numpy()
+
+    def fill(self, mask: np.ndarray) -> None:
+        self.m.fill_next_token_bitmask(self.tmask)
+        mask[0, :] = self.view[0, : mask.shape[1]]  # a copy of ~19 KB, charged to xgrammar
+
+    def accept(self, token: int) -> bool:
+        return bool(self.m.accept_token(token))
+
+
+class OutlinesEngine:
+    """outlines-core: the schema becomes one regex, then a full token-level DFA index (slow)."""
+
+    name = "outlines"
+
+    def __init__(self, tok: Any, eos: int) -> None:
+        import outlines_core
+        from grammar import TokenVocabulary
+
+        self.oc = outlines_core
+        vocab = TokenVocabulary.from_tokenizer(tok)
+        table: dict[bytes, list[int]] = {}
+        for tid, piece in enumerate(vocab.token_bytes):
+            if piece and tid != eos and tid not in vocab.special_token_ids:
+                table.setdefault(piece, []).append(tid)
+        self.vocabulary = outlines_core.Vocabulary(eos, table)
+        self.eos = eos
+
+    def compile(self, schema: Any) -> Callable[[], Any]:
+        try:
+            regex = self.oc.json_schema.build_regex_from_schema(json.dumps(schema))
+            index = self.oc.Index(regex, self.vocabulary)
+        except Exception as exc:
+            raise Refused(f"{type(exc).__name__}: {exc}") from exc
+        return lambda: _OutlinesWalker(self.oc.Guide(index), self.eos)
+
+
+class _OutlinesWalker:
+    def __init__(self, guide: Any, eos: int) -> None:
+        self.g, self.eos = guide, eos
+
+    def fill(self, mask: np.ndarray) -> None:
+        mask[0, :] = 0
+        if self.g.is_finished():
+            mask[0, self.eos // 32] |= np.int32(1 << (self.eos % 32)) if self.eos % 32 != 31 else np.int32(-(2**31))
+            return
+        self.g.write_mask_into(mask.ctypes.data, mask.shape[1], 4)
+
+    def accept(self, token: int) -> bool:
+        try:
+            self.g.advance(token)
+            return True
+        except Exception:
+            return False
+
+
+ENGINES = {e.name: e for e in (FormcastEngine, LLGuidanceEngine, XGrammarEngine, OutlinesEngine)}
+
+
+def load_tokenizer(which: str) -> Any:
+    sys.path.insert(0, str(ROOT))
+    from engine.tokenizers import load_default_tokenizer, load_qwen2_tokenizer
+
+    return load_qwen2_tokenizer() if which == "qwen2" else load_default_tokenizer()
+
+
+# ---------------------------------------------------------------------------- one schema, one engine
+def _allowed(mask: np.ndarray, token: int) -> bool:
+    return bool((int(mask[0, token >> 5]) >> (token & 31)) & 1)
+
+
+def run_one(engine: Any, record: dict, tok: Any, eos: int, width: int) -> dict:
+    """Compile ``record['schema']`` and walk every test instance; never raises."""
+    out: dict[str, Any] = {"id": record["id"], "engine": engine.name, "tbm_us": [],
+                           "features": record.get("meta", {}).get("features", [])}
+    mask = np.full((1, width), -1, dtype=np.int32)
+    texts = [json.dumps(t["data"], ensure_ascii=False) for t in record["tests"]]
+    token_lists = [tok.encode(t, add_special_tokens=False) for t in texts]
+    try:
+        t0 = time.perf_counter()
+        new = engine.compile(record["schema"])
+        walker = new()
+        walker.fill(mask)
+        out["ttfm_us"] = (time.perf_counter() - t0) * 1e6
+    except Refused as exc:
+        return {**out, "status": "compile", "error": str(exc)[:500]}
+    except BaseException as exc:  # an engine bug, not a refusal
+        return {**out, "status": "crash", "error": _describe(exc)}
+    failures: list[dict] = []
+    try:
+        for i, (test, tokens) in enumerate(zip(record["tests"], token_lists)):
+            walker = walker if i == 0 else new()
+            if i > 0:
+                walker.fill(mask)
+            verdict = _walk(walker, mask, tokens, eos, out["tbm_us"])
+            if verdict is not None and test["valid"]:
+                failures.append({"kind": "validation", "test": i, **verdict, "text": texts[i][:300]})
+            elif verdict is None and not test["valid"]:
+                failures.append({"kind": "invalidation", "test": i, "text": texts[i][:300],
+                                 "description": str(test.get("description", ""))[:200]})
+    except BaseException as exc:
+        return {**out, "status": "crash", "error": _describe(exc), "failures": failures}
+    kinds = {f["kind"] for f in failures}
+    status = "invalidation" if "invalidation" in kinds else "validation" if kinds else "pass"
+    return {**out, "status": status, "failures": failures}
+
+
+def _walk(walker: Any, mask: np.ndarray, tokens: list[int], eos: int, tbm: list[float]) -> dict | None:
+    """Walk one instance from its first mask (already filled); None if accepted with EOS allowed,
+    else where it was rejected."""
+    clock = time.perf_counter
+    for pos, token in enumerate(tokens):
+        if not _allowed(mask, token):
+            return {"pos": pos, "token": token, "why": "masked"}
+        t0 = clock()
+        ok = walker.accept(token)
+        walker.fill(mask)
+        tbm.append((clock() - t0) * 1e6)
+        if not ok:
+            return {"pos": pos, "token": token, "why": "accept refused an allowed token"}
+    if not _allowed(mask, eos):
+        return {"pos": len(tokens), "token": eos, "why": "EOS not allowed"}
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" at {Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
+    return f"{type(exc).__name__}: {str(exc)[:400]}{where}"
+
+
+# ---------------------------------------------------------------------------- worker pool
+def _worker(conn: Any, engine_names: list[str], tokenizer: str) -> None:
+    tok = load_tokenizer(tokenizer)
+    eos = int(tok.eos_token_id)
+    width = (len(tok) + 31) // 32
+    engines = {n: ENGINES[n](tok, eos) for n in engine_names}
+    warm = {"id": "warmup", "schema": {"type": "object", "properties": {"a": {"type": "string"}}},
+            "tests": [{"valid": True, "data": {"a": "x"}}]}
+    for e in engines.values():
+        run_one(e, warm, tok, eos, width)
+    conn.send(("ready", None))
+    while True:
+        task = conn.recv()
+        if task is None:
+            return
+        name, record = task
+        conn.send(("done", run_one(engines[name], record, tok, eos, width)))
+
+
+class _Slot:
+    """One worker process and the task it is running."""
+
+    def __init__(self, ctx: Any, engines: list[str], tokenizer: str) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child, engines, tokenizer), daemon=True)
+        self.proc.start()
+        child.close()
+        self.task: tuple[str, dict] | None = None
+        self.started = 0.0
+        self.ready = False
+        self.done = 0
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(5)
+        self.conn.close()
+
+
+def run_pool(tasks: list[tuple[str, dict]], engines: list[str], args: argparse.Namespace, sink: Callable) -> None:
+    """Run every (engine, record) task; ``sink(result)`` gets each result as it arrives."""
+    ctx = mp.get_context("fork")
+    queue = list(reversed(tasks))
+    make = lambda: _Slot(ctx, engines, args.tokenizer)  # noqa: E731
+    slots = [make() for _ in range(min(args.jobs, len(tasks)))]
+    while queue or any(s.task for s in slots):
+        for i, s in enumerate(slots):
+            if s.ready and s.task is None and queue:
+                s.task, s.started = queue.pop(), time.monotonic()
+                s.conn.send(s.task)
+        busy = [s for s in slots if s.task]
+        deadline = min((s.started + args.timeout for s in busy), default=time.monotonic() + 1)
+        ready = wait([s.conn for s in slots], timeout=max(0.01, deadline - time.monotonic()))
+        for i, s in enumerate(slots):
+            if s.conn in ready:
+                try:
+                    kind, payload = s.conn.recv()
+                except (EOFError, OSError):
+                    _lost(s, sink, "crash", f"worker died (exit code {s.proc.exitcode})")
+                    slots[i] = make()
+                    continue
+                if kind == "ready":
+                    s.ready = True
+                else:
+                    sink(payload)
+                    s.task, s.done = None, s.done + 1
+                    if s.done >= RECYCLE_AFTER:
+                        s.conn.send(None)
+                        s.proc.join(10)
+                        s.kill()
+                        slots[i] = make()
+            elif s.task and time.monotonic() - s.started > args.timeout:
+                _lost(s, sink, "timeout", f"over {args.timeout:g} s")
+                slots[i] = make()
+    for s in slots:
+        s.kill()
+
+
+def _lost(slot: _Slot, sink: Callable, status: str, error: str) -> None:
+    if slot.task is not None:
+        name, record = slot.task
+        sink({"id": record["id"], "engine": name, "status": status, "error": error, "tbm_us": []})
+    slot.kill()
+
+
+# ---------------------------------------------------------------------------- data and report
+def load_records(path: Path, offset: int, limit: int | None, sample: int | None, seed: int) -> list[dict]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    records = records[offset:]
+    if limit is not None:
+        records = records[:limit]
+    if sample is not None and sample < len(records):
+        picked = sorted(random.Random(seed).sample(range(len(records)), sample))
+        records = [records[i] for i in picked]
+    return records
+
+
+PCTS = (25, 50, 75, 90, 95, 99, 99.9)
+
+
+def _stats(values: list[float]) -> list[str]:
+    if not values:
+        return ["-"] * (len(PCTS) + 2)
+    arr = np.asarray(values, dtype=np.float64)
+    cells = [arr.mean(), *np.percentile(arr, PCTS), arr.max()]
+    return [f"{v:,.0f}" if v >= 10 else f"{v:.1f}" for v in cells]
+
+
+def summarize(results: list[dict], engines: list[str]) -> str:
+    """The MaskBench table (markdown), engines side by side, plus formcast/anchor ratios."""
+    by = {e: [r for r in results if r["engine"] == e] for e in engines}
+    ids = [{r["id"] for r in by[e]} for e in engines]
+    common = set.intersection(*ids) if ids else set()
+    lines = [f"schemas: {len(common)} (on which every engine ran)", "",
+             "| metric | " + " | ".join(engines) + " |", "| --- |" + " ---: |" * len(engines)]
+    cols = {e: [r for r in by[e] if r["id"] in common] for e in engines}
+    ttfm = {e: [r["ttfm_us"] for r in cols[e] if "ttfm_us" in r and r["status"] != "compile"] for e in engines}
+    tbm = {e: [x for r in cols[e] for x in r.get("tbm_us", [])] for e in engines}
+    labels = ["avg", *(f"p{p:g}" for p in PCTS), "max"]
+    for name, data in (("TTFM", ttfm), ("TBM", tbm)):
+        table = {e: _stats(data[e]) for e in engines}
+        for j, label in enumerate(labels):
+            lines.append(f"| {name} {label} (µs) | " + " | ".join(table[e][j] for e in engines) + " |")
+    lines.append("| TBM samples (tokens) | " + " | ".join(f"{len(tbm[e]):,}" for e in engines) + " |")
+    counts = {e: Counter(r["status"] for r in cols[e]) for e in engines}
+    for c in CLASSES:
+        lines.append(f"| {c} | " + " | ".join(str(counts[e][c]) for e in engines) + " |")
+    if "formcast" in engines:
+        lines += ["", "formcast / anchor ratios (lower is better for times):", ""]
+        for a in (a for a in ANCHORS if a in engines):
+            parts = []
+            for name, data, pcts in (("TTFM", ttfm, (50, 90)), ("TBM", tbm, (50, 90, 99))):
+                for p in pcts:
+                    if data["formcast"] and data[a]:
+                        ratio = np.percentile(data["formcast"], p) / max(np.percentile(data[a], p), 1e-9)
+                        parts.append(f"{name} p{p} {ratio:.2f}x")
+            parts.append(f"passing {counts['formcast']['pass']} vs {counts[a]['pass']}")
+            lines.append(f"- vs {a}: " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+KEYWORDS = (
+    "$ref", "$defs", "definitions", "$anchor", "$dynamicRef", "patternProperties", "additionalProperties",
+    "unevaluatedProperties", "unevaluatedItems", "propertyNames", "dependentRequired", "dependentSchemas",
+    "dependencies", "minProperties", "maxProperties", "prefixItems", "additionalItems", "contains",
+    "minContains", "maxContains", "uniqueItems", "minItems", "maxItems", "items", "minLength", "maxLength",
+    "pattern", "format", "contentEncoding", "contentMediaType", "multipleOf", "exclusiveMinimum",
+    "exclusiveMaximum", "minimum", "maximum", "allOf", "anyOf", "oneOf", "not", "if", "then", "else",
+    "const", "enum", "required", "properties", "type",
+)
+
+
+def _keyword_of(message: str) -> str:
+    """The JSON Schema keyword a message names (quoted first, then bare), else its first words."""
+    for quote in ("'", '"', "`"):
+        for kw in KEYWORDS:
+            if f"{quote}{kw}{quote}" in message:
+                return kw
+    words = set(message.replace(":", " ").replace(",", " ").split())
+    for kw in KEYWORDS:
+        if kw in words:
+            return kw
+    return " ".join(message.split()[:6])
+
+
+def failure_report(results: list[dict], engine: str = "formcast", examples: int = 2) -> str:
+    """Why ``engine`` refused or failed schemas: messages grouped by keyword, failing schemas'
+    features counted, invalidation errors listed by schema id."""
+    rows = [r for r in results if r["engine"] == engine]
+    lines = [f"## {engine}: {len(rows)} schemas"]
+    for status in ("compile", "crash", "timeout"):
+        group: dict[str, list[dict]] = {}
+        for r in rows:
+            if r["status"] == status:
+                key = _keyword_of(r.get("error", "")) if status != "timeout" else "timeout"
+                group.setdefault(key, []).append(r)
+        if group:
+            lines.append(f"\n{status} ({sum(map(len, group.values()))}), by keyword:")
+        for key, rs in sorted(group.items(), key=lambda kv: -len(kv[1])):
+            lines.append(f"  {len(rs):4d}  {key}")
+            for r in rs[:examples]:
+                lines.append(f"          e.g. {r['id']}: {r.get('error', '')[:160]}")
+    for status in ("validation", "invalidation"):
+        rs = [r for r in rows if r["status"] == status]
+        if not rs:
+            continue
+        feats = Counter(f for r in rs for f in r.get("features", []))
+        lines.append(f"\n{status} ({len(rs)}); schema features among them: "
+                     + ", ".join(f"{k} {v}" for k, v in feats.most_common(12)))
+        for r in rs[: (len(rs) if status == "invalidation" else examples * 3)]:
+            f = next((x for x in r.get("failures", []) if x["kind"] == status), {})
+            lines.append(f"    {r['id']}: test {f.get('test')} {f.get('why', '')} at token {f.get('pos', '')}"
+                         f" :: {f.get('text', '')[:120]!r}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- command line
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--input", type=Path, default=DEFAULT_INPUT)
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--offset", type=int, default=0)
+    ap.add_argument("--sample", type=int, help="deterministic random sample of N schemas (after offset/limit)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--engines", default="formcast,llguidance,xgrammar")
+    ap.add_argument("--tokenizer", choices=("qwen2", "smollm2"), default="qwen2")
+    ap.add_argument("--timeout", type=float, default=30.0, help="seconds per schema and engine")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", type=Path, help="results, one JSON line per (schema, engine)")
+    ap.add_argument("--summarize", type=Path, help="print the tables of an earlier --out file and exit")
+    ap.add_argument("--failures", default="formcast", help="engine whose failures are listed ('' for none)")
+    args = ap.parse_args(argv)
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        ap.error(f"unknown engines {unknown}; choose from {sorted(ENGINES)}")
+    if args.summarize:
+        with open(args.summarize, encoding="utf-8") as f:
+            results = [json.loads(line) for line in f if line.strip()]
+        engines = [e for e in engines if any(r["engine"] == e for r in results)]
+    else:
+        results = run(args, engines)
+    print(summarize(results, engines))
+    for e in filter(None, args.failures.split(",")):
+        if e in engines:
+            print("\n" + failure_report(results, e))
+
+
+def run(args: argparse.Namespace, engines: list[str]) -> list[dict]:
+    records = load_records(args.input, args.offset, args.limit, args.sample, args.seed)
+    tasks = [(e, r) for r in records for e in engines]
+    print(f"{len(records)} schemas x {len(engines)} engines, {args.jobs} jobs, timeout {args.timeout:g} s",
+          file=sys.stderr)
+    results: list[dict] = []
+    out = open(args.out, "w", encoding="utf-8") if args.out else None
+    t0 = time.monotonic()
+
+    def sink(result: dict) -> None:
+        result["tbm_us"] = [round(x, 2) for x in result.get("tbm_us", [])]
+        results.append(result)
+        if out:
+            out.write(json.dumps(result, ensure_ascii=False) + "\n")
+            out.flush()
+        if len(results) % 50 == 0:
+            print(f"  {len(results)}/{len(tasks)} done, {time.monotonic() - t0:.0f} s", file=sys.stderr)
+
+    try:
+        run_pool(tasks, engines, args, sink)
+    finally:
+        if out:
+            out.close()
+    print(f"wall time {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return results
+
+
+if __name__ == "__main__":
+    main()
