@@ -26,6 +26,7 @@ so the JSON Schema front end can rewrite characters into JSON string escapes.
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from dataclasses import dataclass, field, replace
 from typing import Literal as _Lit
@@ -466,6 +467,8 @@ class _Parser:
             return "char", self.utf16_pair(self.hex_digits(4, start), start)
         if self.py:
             return "char", self.py_escape_tail(c, start, in_class)
+        if c in "pP":
+            return "set", (self.unicode_property(start), c == "P")
         return "char", self.ecma_escape_tail(c, start, in_class)
 
     def py_escape_tail(self, c: str, start: int, in_class: bool) -> int:
@@ -514,13 +517,26 @@ class _Parser:
                 raise self.syntax("bad control escape \\c", start)
             self.i += 1
             return ord(letter) % 32
-        if c in "pP":
-            raise self.unsupported(f"Unicode property escape '\\{c}'", start)
         if c == "k":
             raise self.unsupported("backreference '\\k'", start)
         if c.isalnum() and c.isascii():
             raise self.syntax(f"bad escape \\{c}", start)
         return ord(c)  # identity escape of a syntax character
+
+    def unicode_property(self, start: int) -> Ranges:
+        """``\\p{...}`` after ``\\p``: a General_Category value or Any / ASCII / Assigned."""
+        end = self.p.find("}", self.i)
+        if self.peek() != "{" or end < 0:
+            raise self.syntax("missing {...} after \\p", start)
+        text = self.p[self.i + 1 : end]
+        self.i = end + 1
+        key, _, value = text.rpartition("=")
+        if key not in ("", "gc", "General_Category"):
+            raise self.unsupported(f"Unicode property {text!r}", start)
+        ranges = _unicode_property(value, general_only=bool(key))
+        if ranges is None:
+            raise self.unsupported(f"Unicode property {text!r}", start)
+        return ranges
 
     def hex_digits(self, count: int, start: int) -> int:
         text = self.p[self.i : self.i + count]
@@ -668,6 +684,53 @@ def _alternation(alts: list[Expr]) -> Expr:
         else:
             return ir.choice(*alts)
     return ir.char_class(ranges) if len(alts) > 1 else alts[0]
+
+
+_GC_NAMES = {
+    "Letter": "L", "Cased_Letter": "LC", "Uppercase_Letter": "Lu", "Lowercase_Letter": "Ll",
+    "Titlecase_Letter": "Lt", "Modifier_Letter": "Lm", "Other_Letter": "Lo", "Mark": "M",
+    "Combining_Mark": "M", "Nonspacing_Mark": "Mn", "Spacing_Mark": "Mc", "Enclosing_Mark": "Me",
+    "Number": "N", "Decimal_Number": "Nd", "digit": "Nd", "Letter_Number": "Nl", "Other_Number": "No",
+    "Punctuation": "P", "punct": "P", "Connector_Punctuation": "Pc", "Dash_Punctuation": "Pd",
+    "Open_Punctuation": "Ps", "Close_Punctuation": "Pe", "Initial_Punctuation": "Pi",
+    "Final_Punctuation": "Pf", "Other_Punctuation": "Po", "Symbol": "S", "Math_Symbol": "Sm",
+    "Currency_Symbol": "Sc", "Modifier_Symbol": "Sk", "Other_Symbol": "So", "Separator": "Z",
+    "Space_Separator": "Zs", "Line_Separator": "Zl", "Paragraph_Separator": "Zp", "Other": "C",
+    "Control": "Cc", "cntrl": "Cc", "Format": "Cf", "Surrogate": "Cs", "Private_Use": "Co",
+    "Unassigned": "Cn",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _general_categories() -> dict[str, Ranges]:
+    """Code point ranges per two-letter General_Category (Python's unicodedata version).
+
+    One scan of all code points (about a second), done only when a pattern uses ``\\p``."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    prev, start = "", 0
+    for cp in range(ir.MAX_UNICODE + 1):
+        cat = unicodedata.category(chr(cp))
+        if cat != prev:
+            if prev:
+                out.setdefault(prev, []).append((start, cp - 1))
+            prev, start = cat, cp
+    out.setdefault(prev, []).append((start, ir.MAX_UNICODE))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _unicode_property(name: str, general_only: bool) -> Ranges | None:
+    if not general_only and name in ("Any", "ASCII", "Assigned"):
+        if name == "Any":
+            return ((0, ir.MAX_UNICODE),)
+        if name == "ASCII":
+            return ((0, 127),)
+        return ir.invert_ranges(_general_categories()["Cn"])
+    code = _GC_NAMES.get(name, name)
+    cats = _general_categories()
+    members = [k for k in cats if k == code or (len(code) == 1 and k[0] == code) or (code == "LC" and k in ("Lu", "Ll", "Lt"))]
+    if not members and code not in ("Cn", "Cs", "Co") and not (len(code) == 1 and code in "LMNPSZC"):
+        return None
+    return ir.normalize_ranges(r for k in members for r in cats[k])
 
 
 def _apply_flags(flags: _Flags, on: str, off: str) -> _Flags:

@@ -175,6 +175,21 @@ def test_ecma_whitespace_set() -> None:
         check("\\S", [ch], [], flavor="ecma")
 
 
+@pytest.mark.parametrize(
+    "pattern,passing,failing",
+    [
+        ("\\p{L}+", ["abc", "éΩж", "漢字"], ["a1", "_", " "]),
+        ("\\p{Letter}\\p{Nd}", ["a1", "ж٣"], ["11", "aa"]),
+        ("[\\p{Lu}_]", ["A", "Ж", "_"], ["a", "ж"]),
+        ("\\P{L}", ["1", " ", "😀"], ["a", "ж"]),
+        ("[^\\P{gc=N}]", ["1", "٣", "½"], ["a"]),
+        ("\\p{ASCII}\\p{Any}", ["a\U0001F600", "~\n"], ["éa"]),
+    ],
+)
+def test_ecma_unicode_properties(pattern: str, passing: list[str], failing: list[str]) -> None:
+    check(pattern, passing, failing, flavor="ecma")
+
+
 # ---------------------------------------------------------------- search mode
 
 
@@ -279,7 +294,7 @@ def test_unsupported_constructs(pattern: str, position: int, word: str) -> None:
 
 @pytest.mark.parametrize(
     "pattern",
-    ["(?P<a>x)", "\\Z", "\\A", "a{,3}x", "(?=a)", "\\1", "\\k<a>", "\\q", "\\p{L}", "[\\d-z]", "a**", "\\x4",
+    ["(?P<a>x)", "\\Z", "\\A", "a{,3}x", "(?=a)", "\\1", "\\k<a>", "\\q", "\\p{Script=Latin}", "\\p{Foo}", "\\pL", "[\\d-z]", "a**", "\\x4",
      "\\u{110000}", "\\c1", "(?i)a", "\\00"],
 )
 def test_ecma_rejects(pattern: str) -> None:
