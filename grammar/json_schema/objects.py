@@ -1,0 +1,178 @@
+"""Objects: named properties in ``properties`` order (optional ones skippable), extra keys.
+
+The property list is a chain of states ``(index, started, count)``: ``started`` decides whether a
+comma comes first, ``count`` exists only under ``minProperties``/``maxProperties``. States
+after the first emitted property are shared as grammar rules, so a long list of optional
+properties stays linear in size instead of quadratic. Extra keys (``additionalProperties``,
+``patternProperties``) may appear in any gap between named properties; their keys exclude the
+named ones exactly (a trie complement over the decoded key).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from .. import ir
+from .refs import pointer_escape
+from .strings import not_in, quoted, string_literal
+
+if TYPE_CHECKING:
+    from .lower import Lowerer
+
+_SHARE_ABOVE = 3  # chains longer than this get their shared states as rules
+
+
+def _pattern_matches(pattern: str, name: str) -> bool | None:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return None
+
+
+def object_expr(lw: "Lowerer", s: dict, ptr: str, depth: int) -> ir.Expr:
+    props: dict[str, Any] = s.get("properties", {})
+    required = list(dict.fromkeys(s.get("required", [])))
+    patterns: dict[str, Any] = s.get("patternProperties", {})
+    names_schema = s.get("propertyNames")
+    extra = s.get("additionalProperties", False if lw.strict_properties else True)
+    if s.get("unevaluatedProperties", True) is not True:
+        lw.refuse("unevaluatedProperties", ptr)
+
+    entries: list[tuple[str, ir.Expr, bool]] = []
+    for name in [*props, *(r for r in required if r not in props)]:
+        sub_ptr = f"{ptr}/properties/{pointer_escape(name)}"
+        matching = [p for p in patterns if _pattern_matches(p, name) is not False]
+        schemas = ([props[name]] if name in props else []) + [patterns[p] for p in matching]
+        schemas = schemas or [extra]
+        sub: Any = schemas[0] if len(schemas) == 1 else {"allOf": schemas}
+        if names_schema is not None and not lw.valid(name, names_schema):
+            sub = False
+        value = lw.value(sub, sub_ptr, depth + 1)
+        is_req = name in required
+        if isinstance(value, ir.Nothing):
+            if is_req:
+                return ir.NOTHING
+            continue
+        entries.append((name, value, is_req))
+
+    extra_kv = _extras(lw, s, ptr, depth, set(props) | set(required), patterns, names_schema, extra)
+    min_p = s.get("minProperties", 0)
+    max_p = s.get("maxProperties")
+    if extra_kv is not None and (min_p > sum(r for _, _, r in entries) or max_p is not None):
+        lw.refuse("maxProperties" if max_p is not None else "minProperties", ptr, "property counts with extra keys allowed")
+        min_p, max_p = 0, None
+    if max_p is not None and min_p > max_p:
+        return ir.NOTHING
+    return _Chain(lw, entries, extra_kv, min_p, max_p, depth).build()
+
+
+def _extras(lw: "Lowerer", s: dict, ptr: str, depth: int, named: set[str], patterns: dict, names_schema: Any, extra: Any) -> ir.Expr | None:
+    """``key: value`` for keys outside ``properties`` (None when there can be none)."""
+    layout = lw.layout
+    if patterns:
+        if extra is not False:
+            lw.refuse("patternProperties", ptr, "patternProperties together with allowed additionalProperties")
+            return None
+        if names_schema is not None:
+            lw.refuse("propertyNames", ptr, "propertyNames together with patternProperties")
+        if len({repr(v) for v in patterns.values()}) > 1 and len(patterns) > 1:
+            lw.refuse("patternProperties", ptr, "several patterns with different schemas may overlap")
+        from ..regex import regex_to_ir
+
+        alts = []
+        for pat, sub in patterns.items():
+            if any(_pattern_matches(pat, name) is not False for name in named):
+                lw.refuse("patternProperties", ptr, f"pattern {pat!r} also matches a named property")
+            key = quoted(regex_to_ir(pat, flavor="ecma", mode="search"))
+            value = lw.value(sub, f"{ptr}/patternProperties/{pointer_escape(pat)}", depth + 1)
+            alts.append(ir.seq(key, layout.colon(), value))
+        kv = ir.choice(*alts)
+        return None if isinstance(kv, ir.Nothing) else kv
+    if extra is False:
+        return None
+    value = lw.value(extra, f"{ptr}/additionalProperties", depth + 1)
+    if isinstance(value, ir.Nothing):
+        return None
+    if names_schema is None:
+        key = quoted(not_in(frozenset(named)))
+    else:
+        key = _names_key(lw, names_schema, ptr, named)
+    return None if isinstance(key, ir.Nothing) else ir.seq(key, layout.colon(), value)
+
+
+def _names_key(lw: "Lowerer", names_schema: Any, ptr: str, named: set[str]) -> ir.Expr:
+    resolved = lw.deref(names_schema, f"{ptr}/propertyNames")
+    if resolved is False:
+        return ir.NOTHING
+    if resolved is True:
+        return quoted(not_in(frozenset(named)))
+    values = [resolved["const"]] if "const" in resolved else resolved.get("enum")
+    if values is not None:
+        keys = [v for v in values if isinstance(v, str) and v not in named and lw.valid(v, resolved)]
+        return ir.choice(*(string_literal(k) for k in keys))
+    if named:
+        lw.refuse("propertyNames", ptr, "a key language that must also exclude the named properties")
+        return quoted(not_in(frozenset(named)))
+    return lw.value({**resolved, "type": "string"}, f"{ptr}/propertyNames", 0)
+
+
+class _Chain:
+    """Builds the object body over the states described in the module docstring."""
+
+    def __init__(self, lw: "Lowerer", entries, extra_kv, min_p: int, max_p: int | None, depth: int) -> None:
+        self.lw, self.entries, self.extra_kv = lw, entries, extra_kv
+        self.counting = extra_kv is None and (min_p > 0 or max_p is not None)
+        self.min_p, self.max_p, self.depth = min_p, max_p, depth
+        layout = lw.layout
+        self.sep, self.colon = layout.sep(depth), layout.colon()
+        self.req_after = [sum(r for _, _, r in entries[i:]) for i in range(len(entries) + 1)]
+        self.memo: dict[tuple[int, bool, int], ir.Expr] = {}
+        self.share = len(entries) > _SHARE_ABOVE
+
+    def build(self) -> ir.Expr:
+        layout = self.lw.layout
+        body = self.state(0, False, 0)
+        alts = [ir.seq(layout.open("{", self.depth), body, layout.close("}", self.depth))]
+        if self.req_after[0] == 0 and self.min_p == 0:
+            alts.append(layout.empty("{}"))
+        return ir.choice(*alts)
+
+    def state(self, i: int, started: bool, count: int) -> ir.Expr:
+        n = len(self.entries)
+        if self.counting:
+            if self.max_p is not None and count + self.req_after[i] > self.max_p:
+                return ir.NOTHING
+            if count + (n - i) < self.min_p:
+                return ir.NOTHING
+        else:
+            count = 0
+        key = (i, started, count)
+        if key not in self.memo:
+            expr = self._build(i, started, count)
+            if started and self.share and not isinstance(expr, (ir.Nothing, ir.Empty)):
+                expr = self.lw.add_rule("obj", expr)
+            self.memo[key] = expr
+        return self.memo[key]
+
+    def _extra_star(self) -> ir.Expr:
+        return ir.star(ir.seq(self.sep, self.extra_kv)) if self.extra_kv is not None else ir.EMPTY
+
+    def _build(self, i: int, started: bool, count: int) -> ir.Expr:
+        x = self.extra_kv
+        if i == len(self.entries):
+            if started:
+                return self._extra_star()
+            return ir.seq(x, self._extra_star()) if x is not None else ir.NOTHING
+        name, value, req = self.entries[i]
+        kv = ir.seq(string_literal(name), self.colon, value)
+        if started:
+            take = ir.seq(self.sep, kv, self.state(i + 1, True, count + 1))
+            skip = ir.NOTHING if req else self.state(i + 1, True, count)
+            return ir.seq(self._extra_star(), ir.choice(take, skip))
+        alts = [ir.seq(kv, self.state(i + 1, True, count + 1))]
+        if not req:
+            alts.append(self.state(i + 1, False, count))
+        if x is not None:
+            alts.append(ir.seq(x, self.state(i, True, count)))
+        return ir.choice(*alts)

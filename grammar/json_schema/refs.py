@@ -1,0 +1,145 @@
+"""Schema loading: metaschema check, and ``$ref`` normalization to root JSON pointers.
+
+After :func:`normalize_refs`, every ``$ref`` in the document is ``"#<pointer from the root>"``
+and ``$id`` / ``$anchor`` are gone, so the lowering resolves references with one pointer walk
+and never tracks base URIs. Draft-07 and 2019-09 spellings are accepted alongside 2020-12.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+from urllib.parse import unquote, urldefrag, urljoin
+
+import jsonschema
+from jsonschema import exceptions as js_exceptions
+from jsonschema import validators
+
+from ..errors import SchemaError, UnsupportedFeatureError
+
+DEFAULT_BASE = "https://formcast.invalid/schema.json"
+_SINGLE = ("additionalProperties", "additionalItems", "contains", "propertyNames", "not", "if", "then", "else",
+           "unevaluatedItems", "unevaluatedProperties", "items")
+_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
+
+
+def load_schema(schema: dict | str | bool) -> tuple[Any, type]:
+    """Parse JSON text, check the schema against its metaschema, return it with its validator class."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise SchemaError(f"schema is not valid JSON: {exc}") from exc
+    if not isinstance(schema, (dict, bool)):
+        raise SchemaError(f"a schema must be an object or a boolean, got {type(schema).__name__}")
+    cls = validators.validator_for(schema, default=jsonschema.Draft202012Validator) if isinstance(schema, dict) else jsonschema.Draft202012Validator
+    try:
+        cls.check_schema(schema)
+    except js_exceptions.SchemaError as exc:
+        # Schemas in the wild often use draft-07 spellings without saying so.
+        if isinstance(schema, dict) and "$schema" not in schema:
+            try:
+                jsonschema.Draft7Validator.check_schema(schema)
+                return schema, jsonschema.Draft7Validator
+            except js_exceptions.SchemaError:
+                pass
+        where = "/" + "/".join(str(p) for p in exc.path)
+        raise SchemaError(f"invalid schema at {where}: {exc.message}") from exc
+    return schema, cls
+
+
+def pointer_escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def resolve_pointer(doc: Any, pointer: str) -> Any:
+    """The node at JSON pointer ``pointer`` (``""`` is the root); SchemaError when absent."""
+    node = doc
+    if pointer == "":
+        return node
+    for raw in pointer.split("/")[1:]:
+        token = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            raise SchemaError(f"$ref target #{pointer} does not exist")
+    return node
+
+
+def _subschemas(node: dict, pointer: str):
+    """(child schema, its pointer) for every subschema position of ``node``."""
+    for key in _SINGLE:
+        if isinstance(node.get(key), (dict, bool)):
+            yield node[key], f"{pointer}/{key}"
+    for key in _LISTS:
+        if isinstance(node.get(key), list):
+            for i, child in enumerate(node[key]):
+                yield child, f"{pointer}/{key}/{i}"
+    for key in _MAPS:
+        if isinstance(node.get(key), dict):
+            for name, child in node[key].items():
+                if isinstance(child, (dict, bool)):
+                    yield child, f"{pointer}/{key}/{pointer_escape(name)}"
+
+
+def normalize_refs(schema: Any) -> Any:
+    """A copy of ``schema`` where each ``$ref`` is a root pointer ``#/...`` (see module doc)."""
+    doc = copy.deepcopy(schema)
+    if not isinstance(doc, dict):
+        return doc
+    resources: dict[str, str] = {}  # base URI -> pointer of the resource root
+    anchors: dict[tuple[str, str], str] = {}
+    refs: list[tuple[dict, str]] = []  # (node, base) whose $ref needs rewriting
+
+    def walk(node: Any, pointer: str, base: str) -> None:
+        if not isinstance(node, dict):
+            return
+        if isinstance(node.get("$id"), str):
+            uri, frag = urldefrag(urljoin(base, node["$id"]))
+            if uri:
+                base = uri
+                resources.setdefault(base, pointer)
+            if frag and not frag.startswith("/"):  # draft-07 "$id": "#anchor"
+                anchors[(base, frag)] = pointer
+        for key in ("$anchor", "$dynamicAnchor"):
+            if isinstance(node.get(key), str):
+                anchors[(base, node[key])] = pointer
+        if isinstance(node.get("$ref"), str):
+            refs.append((node, base))
+        for child, child_ptr in _subschemas(node, pointer):
+            walk(child, child_ptr, base)
+
+    root_base = urldefrag(urljoin(DEFAULT_BASE, doc["$id"]))[0] if isinstance(doc.get("$id"), str) else DEFAULT_BASE
+    resources[root_base] = ""
+    walk(doc, "", root_base)
+    for node, base in refs:
+        node["$ref"] = "#" + _target(node["$ref"], base, resources, anchors, doc)
+    _strip_ids(doc)
+    return doc
+
+
+def _target(ref: str, base: str, resources: dict[str, str], anchors: dict[tuple[str, str], str], doc: Any) -> str:
+    uri, frag = urldefrag(urljoin(base, ref))
+    if uri not in resources:
+        raise UnsupportedFeatureError(f"$ref {ref!r} points outside the schema document (remote references are not fetched)")
+    frag = unquote(frag)
+    if frag == "" or frag.startswith("/"):
+        pointer = resources[uri] + frag
+        resolve_pointer(doc, pointer)
+        return pointer
+    if (uri, frag) not in anchors:
+        raise SchemaError(f"$ref {ref!r}: anchor {frag!r} is not defined")
+    return anchors[(uri, frag)]
+
+
+def _strip_ids(node: Any) -> None:
+    if isinstance(node, dict):
+        for key in ("$id", "$anchor", "$dynamicAnchor", "$schema"):
+            if isinstance(node.get(key), str):
+                del node[key]
+        for child, _ in _subschemas(node, ""):
+            _strip_ids(child)

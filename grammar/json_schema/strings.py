@@ -1,0 +1,174 @@
+"""JSON strings as IR: the decoded value is constrained, the encoded text is emitted.
+
+``pattern``, ``format``, ``enum`` and length keywords speak about the *decoded* string, while the
+automaton reads JSON text. So a string constraint is first lowered at character level (regex IR,
+literals, length repeats) and then :func:`encode_value` rewrites every character into all of its
+JSON spellings: raw UTF-8 (except ``"``, ``\\`` and controls), the short escapes, and ``\\uXXXX``
+in either hex case, with surrogate pairs for astral characters. One encoded character is one
+decoded character, so lengths stay exact.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .. import ir
+from ..errors import UnsupportedFeatureError
+from .numbers import digit_class, fixed_width_range
+
+QUOTE = ir.literal('"')
+_SHORT_ESCAPES = {0x22: '\\"', 0x5C: "\\\\", 0x2F: "\\/", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+_MUST_ESCAPE = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C))
+
+
+def _hex4(lo: int, hi: int) -> ir.Expr:
+    return fixed_width_range(f"{lo:04x}", f"{hi:04x}", base=16)
+
+
+def _u_escape(lo: int, hi: int) -> ir.Expr:
+    return ir.seq(ir.literal("\\u"), _hex4(lo, hi))
+
+
+def _astral_escapes(lo: int, hi: int) -> list[ir.Expr]:
+    """Surrogate-pair spellings of the astral code points ``lo..hi``."""
+    out: list[ir.Expr] = []
+    h_lo, h_hi = 0xD800 + ((lo - 0x10000) >> 10), 0xD800 + ((hi - 0x10000) >> 10)
+    l_lo, l_hi = 0xDC00 + ((lo - 0x10000) & 0x3FF), 0xDC00 + ((hi - 0x10000) & 0x3FF)
+    if h_lo == h_hi:
+        return [ir.seq(_u_escape(h_lo, h_lo), _u_escape(l_lo, l_hi))]
+    out.append(ir.seq(_u_escape(h_lo, h_lo), _u_escape(l_lo, 0xDFFF)))
+    if h_lo + 1 <= h_hi - 1:
+        out.append(ir.seq(_u_escape(h_lo + 1, h_hi - 1), _u_escape(0xDC00, 0xDFFF)))
+    out.append(ir.seq(_u_escape(h_hi, h_hi), _u_escape(0xDC00, l_hi)))
+    return out
+
+
+@lru_cache(maxsize=8192)
+def encode_char_class(ranges: tuple[tuple[int, int], ...]) -> ir.Expr:
+    """Every JSON spelling of one character from ``ranges``."""
+    parts: list[ir.Expr] = [ir.char_class(ir.subtract_ranges(ranges, _MUST_ESCAPE))]
+    for cp, text in _SHORT_ESCAPES.items():
+        if any(lo <= cp <= hi for lo, hi in ranges):
+            parts.append(ir.literal(text))
+    for lo, hi in ranges:
+        if lo <= 0xFFFF:
+            parts.append(_u_escape(lo, min(hi, 0xFFFF)))
+        if hi >= 0x10000:
+            parts.extend(_astral_escapes(max(lo, 0x10000), hi))
+    return ir.choice(*parts)
+
+
+ANY_ENCODED_CHAR = encode_char_class(ir.ANY_CHAR.ranges)
+
+
+def encode_value(expr: ir.Expr) -> ir.Expr:
+    """Rewrite a character-level expression over decoded text into one over JSON string text
+    (without the quotes)."""
+    if isinstance(expr, (ir.Empty, ir.Nothing)):
+        return expr
+    if isinstance(expr, ir.CharClass):
+        return encode_char_class(expr.ranges)
+    if isinstance(expr, ir.Literal):
+        text = expr.data.decode("utf-8")
+        return ir.seq(*(encode_char_class(((ord(c), ord(c)),)) for c in text))
+    if isinstance(expr, ir.Seq):
+        return ir.seq(*(encode_value(e) for e in expr.items))
+    if isinstance(expr, ir.Choice):
+        return ir.choice(*(encode_value(e) for e in expr.items))
+    if isinstance(expr, ir.Repeat):
+        return ir.repeat(encode_value(expr.item), expr.min, expr.max)
+    raise UnsupportedFeatureError(f"cannot JSON-encode a {type(expr).__name__} inside a string constraint")
+
+
+def quoted(value_expr: ir.Expr) -> ir.Expr:
+    """A JSON string whose decoded value is in the character-level language ``value_expr``."""
+    return ir.seq(QUOTE, encode_value(value_expr), QUOTE)
+
+
+def string_literal(text: str) -> ir.Expr:
+    """Every JSON spelling of the string ``text``."""
+    return quoted(ir.literal(text))
+
+
+def any_string(min_len: int = 0, max_len: int | None = None) -> ir.Expr:
+    return ir.seq(QUOTE, ir.repeat(ANY_ENCODED_CHAR, min_len, max_len), QUOTE)
+
+
+def not_in(words: frozenset[str] | set[str]) -> ir.Expr:
+    """Character-level language of all strings except ``words`` (a trie complement)."""
+    words = frozenset(words)
+    if not words:
+        return ir.star(ir.ANY_CHAR)
+    parts: list[ir.Expr] = [] if "" in words else [ir.EMPTY]
+    firsts = sorted({w[0] for w in words if w})
+    others = ir.char_class([(ord(c), ord(c)) for c in firsts], negate=True)
+    parts.append(ir.seq(others, ir.star(ir.ANY_CHAR)))
+    for c in firsts:
+        parts.append(ir.seq(ir.literal(c), not_in(frozenset(w[1:] for w in words if w and w[0] == c))))
+    return ir.choice(*parts)
+
+
+# ---------------------------------------------------------------- lengths
+
+
+def length_bounds(expr: ir.Expr) -> tuple[int, int | None]:
+    """Minimum and maximum number of characters of a character-level expression."""
+    if isinstance(expr, ir.Empty):
+        return 0, 0
+    if isinstance(expr, ir.Nothing):
+        return 0, 0
+    if isinstance(expr, ir.CharClass):
+        return 1, 1
+    if isinstance(expr, ir.Literal):
+        n = len(expr.data.decode("utf-8"))
+        return n, n
+    if isinstance(expr, ir.Seq):
+        lo, hi = 0, 0
+        for e in expr.items:
+            a, b = length_bounds(e)
+            lo += a
+            hi = None if hi is None or b is None else hi + b
+        return lo, hi
+    if isinstance(expr, ir.Choice):
+        bounds = [length_bounds(e) for e in expr.items]
+        his = [b for _, b in bounds]
+        return min(a for a, _ in bounds), None if None in his else max(his)  # type: ignore[type-var]
+    if isinstance(expr, ir.Repeat):
+        a, b = length_bounds(expr.item)
+        return a * expr.min, None if expr.max is None or b is None else b * expr.max
+    raise UnsupportedFeatureError(f"cannot measure the length of a {type(expr).__name__}")
+
+
+def restrict_length(expr: ir.Expr, lo: int, hi: int | None, keyword: str) -> ir.Expr:
+    """``expr`` intersected with "between lo and hi characters", for the shapes where that is
+    exact without an automaton product: the bound is redundant, or one variable-length repeat of a
+    fixed-width item carries all the slack. Otherwise UnsupportedFeatureError naming ``keyword``."""
+    a, b = length_bounds(expr)
+    if a >= lo and (hi is None or (b is not None and b <= hi)):
+        return expr
+    if hi is not None and a > hi or (b is not None and b < lo):
+        return ir.NOTHING
+    if isinstance(expr, ir.Choice):
+        return ir.choice(*(restrict_length(e, lo, hi, keyword) for e in expr.items))
+    if isinstance(expr, ir.Repeat):
+        w_lo, w_hi = length_bounds(expr.item)
+        if w_lo == w_hi and w_lo > 0:
+            k_lo = max(expr.min, -(-lo // w_lo))
+            k_hi = hi // w_lo if hi is not None else None
+            if expr.max is not None:
+                k_hi = expr.max if k_hi is None else min(k_hi, expr.max)
+            if k_hi is not None and k_lo > k_hi:
+                return ir.NOTHING
+            return ir.repeat(expr.item, k_lo, k_hi)
+    if isinstance(expr, ir.Seq):
+        spans = [length_bounds(e) for e in expr.items]
+        variable = [i for i, (x, y) in enumerate(spans) if x != y]
+        if len(variable) == 1:
+            i = variable[0]
+            fixed = sum(x for j, (x, _) in enumerate(spans) if j != i)
+            inner = restrict_length(expr.items[i], max(lo - fixed, 0), None if hi is None else hi - fixed, keyword)
+            return ir.seq(*expr.items[:i], inner, *expr.items[i + 1 :])
+    raise UnsupportedFeatureError(f"{keyword} combined with this pattern/format is not enforced exactly")
+
+
+HEX_DIGIT = digit_class(0, 15, 16)
