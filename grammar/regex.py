@@ -26,32 +26,22 @@ so the JSON Schema front end can rewrite characters into JSON string escapes.
 
 from __future__ import annotations
 
-import functools
 import unicodedata
 from dataclasses import dataclass, field, replace
 from typing import Literal as _Lit
 
 from . import ir
+from .charsets import ECMA_CLASSES, ECMA_LINE_TERMINATORS, PY_CLASSES, Ranges, ascii_fold, unicode_property
 from .errors import GrammarBudgetError, RegexSyntaxError, UnsupportedFeatureError
 from .ir import Expr
 
-__all__ = ["regex_to_ir", "PY_CLASSES", "ECMA_CLASSES", "ECMA_WHITESPACE", "DEFAULT_MAX_DEPTH", "DEFAULT_MAX_REPEAT"]
+__all__ = ["regex_to_ir", "DEFAULT_MAX_DEPTH", "DEFAULT_MAX_REPEAT"]
 
 DEFAULT_MAX_DEPTH = 200
 DEFAULT_MAX_REPEAT = 100_000
 
-Ranges = tuple[tuple[int, int], ...]
-_DIGIT: Ranges = ((0x30, 0x39),)
-_WORD: Ranges = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
-ECMA_WHITESPACE: Ranges = (
-    (0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
-    (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF),
-)  # WhiteSpace + LineTerminator of ECMA-262 (Zs of Unicode 15)
-PY_CLASSES: dict[str, Ranges] = {"d": _DIGIT, "w": _WORD, "s": ((0x09, 0x0D), (0x20, 0x20))}
-ECMA_CLASSES: dict[str, Ranges] = {"d": _DIGIT, "w": _WORD, "s": ECMA_WHITESPACE}
 _PY_ESCAPES = {"a": 7, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92}
 _ECMA_ESCAPES = {"f": 12, "n": 10, "r": 13, "t": 9, "v": 11}
-_ECMA_LINE_TERMINATORS: Ranges = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
 _HEX = "0123456789abcdefABCDEF"
 _OCT = "01234567"
 _ASCII_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -194,14 +184,14 @@ class _Parser:
 
     def char(self, cp: int) -> Expr:
         if self.flags.ignore_case and cp < 128 and chr(cp) in _ASCII_LETTERS:
-            return ir.char_class(_fold(((cp, cp),)))
+            return ir.char_class(ascii_fold(((cp, cp),)))
         if 0xD800 <= cp <= 0xDFFF:
             return ir.NOTHING  # a lone surrogate never occurs in valid UTF-8 text
         return ir.literal(chr(cp))
 
     def set_expr(self, ranges: Ranges, negate: bool = False) -> Expr:
         if self.flags.ignore_case:
-            ranges = _fold(ranges)
+            ranges = ascii_fold(ranges)
         expr = ir.char_class(ranges, negate=negate)
         if isinstance(expr, ir.CharClass) and len(expr.ranges) == 1 and expr.ranges[0][0] == expr.ranges[0][1]:
             return ir.literal(chr(expr.ranges[0][0]))  # [.] is the literal '.': lets literals merge
@@ -209,7 +199,7 @@ class _Parser:
 
     def dot(self) -> Expr:
         if not self.py:
-            return ir.char_class(_ECMA_LINE_TERMINATORS, negate=True)
+            return ir.char_class(ECMA_LINE_TERMINATORS, negate=True)
         return ir.ANY_CHAR if self.flags.dotall else ir.char_class(((10, 10),), negate=True)
 
     def anchor(self, kind: str, mode: str, pos: int) -> None:
@@ -533,7 +523,7 @@ class _Parser:
         key, _, value = text.rpartition("=")
         if key not in ("", "gc", "General_Category"):
             raise self.unsupported(f"Unicode property {text!r}", start)
-        ranges = _unicode_property(value, general_only=bool(key))
+        ranges = unicode_property(value, general_only=bool(key))
         if ranges is None:
             raise self.unsupported(f"Unicode property {text!r}", start)
         return ranges
@@ -686,66 +676,8 @@ def _alternation(alts: list[Expr]) -> Expr:
     return ir.char_class(ranges) if len(alts) > 1 else alts[0]
 
 
-_GC_NAMES = {
-    "Letter": "L", "Cased_Letter": "LC", "Uppercase_Letter": "Lu", "Lowercase_Letter": "Ll",
-    "Titlecase_Letter": "Lt", "Modifier_Letter": "Lm", "Other_Letter": "Lo", "Mark": "M",
-    "Combining_Mark": "M", "Nonspacing_Mark": "Mn", "Spacing_Mark": "Mc", "Enclosing_Mark": "Me",
-    "Number": "N", "Decimal_Number": "Nd", "digit": "Nd", "Letter_Number": "Nl", "Other_Number": "No",
-    "Punctuation": "P", "punct": "P", "Connector_Punctuation": "Pc", "Dash_Punctuation": "Pd",
-    "Open_Punctuation": "Ps", "Close_Punctuation": "Pe", "Initial_Punctuation": "Pi",
-    "Final_Punctuation": "Pf", "Other_Punctuation": "Po", "Symbol": "S", "Math_Symbol": "Sm",
-    "Currency_Symbol": "Sc", "Modifier_Symbol": "Sk", "Other_Symbol": "So", "Separator": "Z",
-    "Space_Separator": "Zs", "Line_Separator": "Zl", "Paragraph_Separator": "Zp", "Other": "C",
-    "Control": "Cc", "cntrl": "Cc", "Format": "Cf", "Surrogate": "Cs", "Private_Use": "Co",
-    "Unassigned": "Cn",
-}
-
-
-@functools.lru_cache(maxsize=1)
-def _general_categories() -> dict[str, Ranges]:
-    """Code point ranges per two-letter General_Category (Python's unicodedata version).
-
-    One scan of all code points (about a second), done only when a pattern uses ``\\p``."""
-    out: dict[str, list[tuple[int, int]]] = {}
-    prev, start = "", 0
-    for cp in range(ir.MAX_UNICODE + 1):
-        cat = unicodedata.category(chr(cp))
-        if cat != prev:
-            if prev:
-                out.setdefault(prev, []).append((start, cp - 1))
-            prev, start = cat, cp
-    out.setdefault(prev, []).append((start, ir.MAX_UNICODE))
-    return {k: tuple(v) for k, v in out.items()}
-
-
-def _unicode_property(name: str, general_only: bool) -> Ranges | None:
-    if not general_only and name in ("Any", "ASCII", "Assigned"):
-        if name == "Any":
-            return ((0, ir.MAX_UNICODE),)
-        if name == "ASCII":
-            return ((0, 127),)
-        return ir.invert_ranges(_general_categories()["Cn"])
-    code = _GC_NAMES.get(name, name)
-    cats = _general_categories()
-    members = [k for k in cats if k == code or (len(code) == 1 and k[0] == code) or (code == "LC" and k in ("Lu", "Ll", "Lt"))]
-    if not members and code not in ("Cn", "Cs", "Co") and not (len(code) == 1 and code in "LMNPSZC"):
-        return None
-    return ir.normalize_ranges(r for k in members for r in cats[k])
-
-
 def _apply_flags(flags: _Flags, on: str, off: str) -> _Flags:
     names = {"i": "ignore_case", "s": "dotall", "m": "multiline", "x": "verbose"}
     changes = {names[f]: True for f in on if f in names}
     changes.update({names[f]: False for f in off if f in names})
     return replace(flags, **changes)
-
-
-def _fold(ranges: Ranges) -> Ranges:
-    """Close ``ranges`` under ASCII case folding (what ``re.IGNORECASE | re.ASCII`` does)."""
-    out = list(ranges)
-    for lo, hi in ranges:
-        for base, other in ((0x61, 0x41), (0x41, 0x61)):
-            a, b = max(lo, base), min(hi, base + 25)
-            if a <= b:
-                out.append((a - base + other, b - base + other))
-    return ir.normalize_ranges(out)

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from grammar import ir
 from grammar.errors import GrammarBudgetError, GrammarError, RegexSyntaxError, UnsupportedFeatureError
-from grammar.regex import ECMA_WHITESPACE, regex_to_ir
+from grammar.charsets import ECMA_WHITESPACE
+from grammar.regex import regex_to_ir
 
 # ---------------------------------------------------------------- reference matcher over the IR
 
