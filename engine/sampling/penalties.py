@@ -1,0 +1,92 @@
+"""Frequency, presence and repetition penalties over a batch, with their running token counts.
+
+Semantics:
+* frequency / presence (OpenAI): ``logit -= frequency_penalty * count + presence_penalty * (count > 0)``
+  where ``count`` is how often the token appears among the tokens *generated* so far.
+* repetition (Hugging Face ``RepetitionPenaltyLogitsProcessor``): for every token seen in the
+  prompt or the output, ``logit / p`` if the logit is positive, else ``logit * p``.
+Masked logits (``-inf``) stay ``-inf`` under all three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PenaltyState:
+    """Per-row penalty coefficients and the token statistics they need."""
+
+    frequency: torch.Tensor  # [B, 1] float32
+    presence: torch.Tensor  # [B, 1] float32
+    repetition: torch.Tensor  # [B, 1] float32
+    output_counts: torch.Tensor  # [B, V] int32: occurrences among generated tokens
+    seen: torch.Tensor  # [B, V] bool: token occurs in prompt or output
+
+    @classmethod
+    def build(
+        cls,
+        frequency: Sequence[float],
+        presence: Sequence[float],
+        repetition: Sequence[float],
+        vocab_size: int,
+        device: torch.device,
+        prompt_ids: Sequence[Sequence[int]] | None = None,
+        output_ids: Sequence[Sequence[int]] | None = None,
+    ) -> PenaltyState:
+        """Coefficients per row; counts from the tokens each request has so far (optional)."""
+        col = lambda xs: torch.tensor(list(xs), dtype=torch.float32, device=device).unsqueeze(1)  # noqa: E731
+        batch = len(frequency)
+        state = cls(
+            frequency=col(frequency),
+            presence=col(presence),
+            repetition=col(repetition),
+            output_counts=torch.zeros(batch, vocab_size, dtype=torch.int32, device=device),
+            seen=torch.zeros(batch, vocab_size, dtype=torch.bool, device=device),
+        )
+        for row in range(batch):
+            if prompt_ids is not None and len(prompt_ids[row]):
+                state.seen[row, torch.as_tensor(list(prompt_ids[row]), device=device)] = True
+            if output_ids is not None and len(output_ids[row]):
+                ids = torch.as_tensor(list(output_ids[row]), device=device)
+                state.output_counts[row].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+                state.seen[row, ids] = True
+        return state
+
+    def apply(self, logits: torch.Tensor) -> None:
+        """Penalize ``logits`` [B, V'] in place (V' may exceed the tracked vocabulary)."""
+        vocab = self.output_counts.shape[1]
+        view = logits[:, :vocab]
+        rep = torch.where(view > 0, 1.0 / self.repetition, self.repetition)
+        view.mul_(torch.where(self.seen, rep, torch.ones_like(rep)))
+        counts = self.output_counts.to(view.dtype)
+        view.sub_(counts * self.frequency + (counts > 0).to(view.dtype) * self.presence)
+
+    def update(self, output_ids: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """Count one new token per row (``output_ids`` [B]); ids < 0 (no token) are ignored."""
+        ids = output_ids.to(self.output_counts.device, torch.int64)
+        row_ids = torch.arange(ids.numel(), device=ids.device) if rows is None else rows
+        valid = (ids >= 0) & (ids < self.output_counts.shape[1])
+        ids, row_ids = ids[valid], row_ids[valid]
+        self.output_counts.index_put_((row_ids, ids), torch.ones_like(ids, dtype=torch.int32), accumulate=True)
+        self.seen[row_ids, ids] = True
+
+    def filter(self, keep: torch.Tensor) -> PenaltyState:
+        """The rows ``keep`` (int64 indices), in that order."""
+        return PenaltyState(*(t.index_select(0, keep) for t in self._tensors()))
+
+    def merge(self, other: PenaltyState) -> PenaltyState:
+        """Rows of ``self`` then rows of ``other``."""
+        return PenaltyState(*(torch.cat([a, b]) for a, b in zip(self._tensors(), other._tensors())))
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.frequency, self.presence, self.repetition, self.output_counts, self.seen)
+
+    @classmethod
+    def neutral(cls, batch: int, vocab_size: int, device: torch.device) -> PenaltyState:
+        """Rows that penalize nothing (to merge with a batch that has penalties)."""
+        ones = [1.0] * batch
+        return cls.build([0.0] * batch, [0.0] * batch, ones, vocab_size, device)

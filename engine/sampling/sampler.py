@@ -1,0 +1,156 @@
+"""``Sampler``: logits [B, V] + ``SamplingBatchInfo`` -> next token ids and logprobs.
+
+One pipeline, in a fixed order (CONVENTIONS.md 7):
+  raw logprobs (if asked) -> grammar bitmask -> rows with no allowed token are set aside
+  -> penalties -> greedy argmax | temperature -> softmax -> top-k -> top-p -> min-p -> draw.
+
+Truncation semantics (as Hugging Face's warpers and vLLM): top-k keeps the k most likely tokens;
+top-p then keeps the smallest prefix (by descending probability) of the *renormalized* top-k
+distribution whose mass reaches ``top_p``; min-p keeps tokens with ``p >= min_p * p_max``. The
+token is drawn from the survivors, renormalized.
+
+Drawing: inverse-CDF with one uniform per row. Seeded rows take their uniform from their own
+generator, so a seeded request yields the same tokens whatever else is in the batch; every
+operation here is row-wise. A row whose mask allows nothing gets token id ``-1`` and
+``finished_no_allowed_token[row] = True`` (the caller finishes it); it never touches other rows.
+``logits`` are modified in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import apply_token_bitmask_inplace
+
+from .logprobs import gather_logprobs, truncated_log_softmax
+from .sampling_batch_info import SamplingBatchInfo
+
+NO_TOKEN = -1
+
+
+@dataclass
+class SamplerOutput:
+    """What one sampling step returns; row ``i`` is request ``i`` of the batch."""
+
+    next_token_ids: torch.Tensor  # [B] int64; NO_TOKEN (-1) where nothing was allowed
+    logprobs: torch.Tensor | None  # [B] float32, chosen token; None when no row asked
+    top_logprobs_ids: torch.Tensor | None  # [B, max top_logprobs_num] int64
+    top_logprobs_values: torch.Tensor | None  # [B, max top_logprobs_num] float32
+    finished_no_allowed_token: torch.Tensor  # [B] bool: the grammar mask allowed no token
+
+
+class Sampler:
+    """Stateless; one instance serves every step."""
+
+    def sample(self, logits: torch.Tensor, info: SamplingBatchInfo) -> SamplerOutput:
+        """Choose one token per row of ``logits`` [B, V'] (V' >= info.vocab_size is allowed)."""
+        assert logits.dim() == 2 and logits.shape[0] == info.batch_size, "one logits row per request"
+        logits = logits.float() if logits.dtype != torch.float32 else logits
+        raw = torch.log_softmax(logits, dim=-1) if any(info.raw_logprobs) else None
+        if info.vocab_mask is not None:
+            rows = info.grammar_row_indices()
+            apply_token_bitmask_inplace(logits, info.vocab_mask, indices=rows, vocab_size=info.vocab_size)
+        elif logits.shape[1] > info.vocab_size:
+            logits[:, info.vocab_size :] = float("-inf")  # padded embedding rows are never sampled
+        dead = torch.isneginf(logits.amax(dim=-1))
+        if bool(dead.any()):
+            logits[dead] = 0.0  # keep the row finite; its token is replaced by NO_TOKEN below
+        if info.penalties is not None:
+            info.penalties.apply(logits)
+        token_ids, keep = self._choose(logits, info)
+        token_ids = torch.where(dead, torch.full_like(token_ids, NO_TOKEN), token_ids)
+        out = SamplerOutput(token_ids, None, None, None, dead)
+        if any(info.return_logprob):
+            self._fill_logprobs(out, logits, raw, keep, info)
+        return out
+
+    # --- token choice -----------------------------------------------------------------------
+
+    def _choose(self, logits: torch.Tensor, info: SamplingBatchInfo) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Token ids [B] and the kept-token mask [B, V'] used for processed logprobs (None = all)."""
+        argmax = logits.argmax(dim=-1)
+        if info.is_all_greedy:
+            return argmax, None
+        probs = torch.softmax(logits / info.temperatures, dim=-1)
+        uniforms = self._uniforms(info)
+        if info.need_top_k or info.need_top_p:
+            sampled, keep = _sample_sorted(probs, uniforms, info)
+        else:
+            keep = _min_p_keep(probs, info) if info.need_min_p else None
+            if keep is not None:
+                probs = probs.masked_fill(~keep, 0.0)
+            sampled = _inverse_cdf(probs, uniforms)
+        ids = torch.where(info.greedy, argmax, sampled)
+        if keep is not None:
+            keep = keep | info.greedy.unsqueeze(1)  # greedy rows report the untruncated distribution
+        return ids, keep
+
+    def _uniforms(self, info: SamplingBatchInfo) -> torch.Tensor:
+        """One U[0, 1) per row; seeded rows draw from their own generator."""
+        u = torch.rand(info.batch_size, device=info.device)
+        for row, gen in enumerate(info.generators):
+            if gen is not None:
+                u[row] = torch.rand(1, generator=gen, device=gen.device)[0]
+        return u
+
+    # --- logprobs ---------------------------------------------------------------------------
+
+    def _fill_logprobs(
+        self,
+        out: SamplerOutput,
+        logits: torch.Tensor,
+        raw: torch.Tensor | None,
+        keep: torch.Tensor | None,
+        info: SamplingBatchInfo,
+    ) -> None:
+        scaled = logits / info.temperatures
+        processed = truncated_log_softmax(scaled, keep)
+        if raw is not None:
+            use_raw = torch.tensor(info.raw_logprobs, device=logits.device).unsqueeze(1)
+            processed = torch.where(use_raw, raw, processed)
+        processed[out.finished_no_allowed_token] = float("-inf")
+        chosen, ids, values = gather_logprobs(processed, out.next_token_ids, max(info.top_logprobs_nums))
+        out.logprobs, out.top_logprobs_ids, out.top_logprobs_values = chosen, ids, values
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Index drawn from each row of (unnormalized, non-negative) ``probs`` with uniform ``u``."""
+    cdf = probs.cumsum(dim=-1)
+    target = (uniforms * cdf[:, -1]).unsqueeze(1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    idx = idx.clamp(max=probs.shape[1] - 1)
+    # Rounding can put u * total at the very top: fall back to the last token with mass.
+    bad = probs.gather(1, idx.unsqueeze(1)).squeeze(1) <= 0
+    if bool(bad.any()):
+        last = probs.shape[1] - 1 - (probs > 0).flip(-1).to(torch.int8).argmax(dim=-1)
+        idx = torch.where(bad, last, idx)
+    return idx
+
+
+def _min_p_keep(probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    p_max = probs.amax(dim=-1, keepdim=True)
+    return probs >= info.min_ps.unsqueeze(1) * p_max
+
+
+def _sample_sorted(
+    probs: torch.Tensor, uniforms: torch.Tensor, info: SamplingBatchInfo
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k, then top-p on the renormalized rest, then min-p; draw in sorted order."""
+    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
+    rank = torch.arange(probs.shape[1], device=probs.device).unsqueeze(0)
+    keep = rank < info.top_ks.unsqueeze(1)
+    sorted_p = sorted_p * keep
+    if info.need_top_p:
+        total = sorted_p.sum(dim=-1, keepdim=True)
+        before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly before each token
+        top_p = torch.where(info.top_ps >= 1.0, torch.full_like(info.top_ps, 2.0), info.top_ps)
+        keep &= before < top_p.unsqueeze(1) * total
+    if info.need_min_p:
+        keep &= sorted_p >= (info.min_ps * sorted_p[:, 0]).unsqueeze(1)
+    sorted_p = sorted_p * keep
+    picked = _inverse_cdf(sorted_p, uniforms)
+    token_ids = order.gather(1, picked.unsqueeze(1)).squeeze(1)
+    keep_unsorted = torch.zeros_like(keep).scatter_(1, order, keep)
+    return token_ids, keep_unsorted
