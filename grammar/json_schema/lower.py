@@ -401,10 +401,9 @@ class Lowerer:
 
 def _effective_types(schema: dict) -> set[str]:
     types = type_set(schema)
-    types = set(TYPES) if types is None else set(types)
-    if schema.get("nullable") is True:
-        types.add("null")
-    return types
+    # OpenAPI's ``nullable`` is not a JSON Schema keyword: validators (and MaskBench's labels)
+    # ignore it, so honouring it would accept null where jsonschema rejects it.
+    return set(TYPES) if types is None else set(types)
 
 
 def _number_literal(v: int | float) -> ir.Expr:
