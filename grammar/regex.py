@@ -6,8 +6,15 @@ Two flavors share one hand-written parser:
   (``\\d`` = ``[0-9]``, ``\\w`` = ``[A-Za-z0-9_]``, ``\\s`` = ``[ \\t\\n\\r\\f\\v]``, only ASCII
   letters fold under ``i``). Inline flags ``a i m s x`` (global at the start, or scoped
   ``(?i:...)``), verbose mode, named groups, comments, lazy quantifiers.
-- ``"ecma"``: the ECMA-262 syntax JSON Schema ``pattern`` uses (``\\uXXXX``, ``\\u{...}``,
-  ``\\cX``, ``[^]``, ``(?<name>...)``, the Unicode ``\\s`` set, ``.`` excluding line terminators).
+- ``"ecma"``: the ECMA-262 syntax JSON Schema ``pattern`` uses (``\\uXXXX``, surrogate pairs,
+  ``\\u{...}``, ``\\cX``, ``[^]``, ``[]``, ``(?<name>...)``, the Unicode ``\\s`` set, ``.``
+  excluding line terminators, ``\\p{...}`` General_Category escapes). Annex B leniency: a ``{``
+  that is not a quantifier and a lone ``]`` / ``}`` are literals; ``\\`` before any ASCII
+  punctuation is an identity escape. ``ignore_case`` folds ASCII letters only (as Python's
+  ``re.ASCII``), not ECMA's Unicode case mapping.
+
+``mode="search"`` follows the flavor's anchors: Python's ``$`` also matches before a final
+newline and ``(?m)`` makes ``^`` / ``$`` match at line breaks; ECMA's are strict.
 
 Constructs whose language is not regular, or that depend on context we do not track
 (lookaround, backreferences, conditionals, word boundaries, atomic groups, possessive

@@ -7,6 +7,7 @@ does not depend on fsm.py / compiler.py; tests/test_regex_oracle.py does the tok
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -395,3 +396,33 @@ def test_oracle_sampled_strings(data: st.DataObject) -> None:
     s = data.draw(st.from_regex(re.compile(pattern, re.ASCII), fullmatch=True, alphabet="abcAB1 \n._é-"))
     assert ir_fullmatch(regex_to_ir(pattern), s)
     assert ir_fullmatch(regex_to_ir(pattern, mode="search"), "x\n" + s + "\nz")
+
+
+# ---------------------------------------------------------------- random syntax against re
+
+_META = list("ab()|*+?{},012[]^-\\.$:P<>=!#ixsmdwWSAZbBn") + ["(?", "(?:", "(?P<n>", "\\d", "[^", "{2}", "{1,2}", "(?i)", "\\x41", "é"]
+_PROBES = ["", "a", "b", "ab", "aa", "ba", "abab", "a\n", "1", "{", "}", "a{", "(", "é", "A", "-", "aab", "\\", "]", "0", "12"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_META), min_size=1, max_size=12).map("".join))
+def test_random_syntax_agrees_with_re(pattern: str) -> None:
+    """Junk patterns: a syntax error exactly when re has one; otherwise the same language
+    (fullmatch and search), unless the construct is refused as unsupported."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # re's FutureWarning about possible set operations
+        try:
+            compiled: re.Pattern[str] | None = re.compile(pattern, re.ASCII)
+        except (re.error, OverflowError):
+            compiled = None
+    try:
+        full, search = regex_to_ir(pattern), regex_to_ir(pattern, mode="search")
+    except RegexSyntaxError:
+        assert compiled is None, pattern
+        return
+    except (UnsupportedFeatureError, GrammarBudgetError):
+        return
+    assert compiled is not None, pattern
+    for s in _PROBES:
+        assert ir_fullmatch(full, s) == (compiled.fullmatch(s) is not None), (pattern, s)
+        assert ir_fullmatch(search, s) == (compiled.search(s) is not None), (pattern, s)
