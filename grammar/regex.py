@@ -590,16 +590,19 @@ class _Parser:
             if self.peek() == "-" and self.peek(1) not in (None, "]"):
                 self.i += 1
                 kind2, value2 = self.class_atom()
+                if (kind != "char" or kind2 != "char") and not self.py:
+                    # ECMA Annex B: [\w-.] is \w, '-' and '.' (Python's re refuses it)
+                    ranges.append((0x2D, 0x2D))
+                    for k, v in ((kind, value), (kind2, value2)):
+                        ranges.extend(_atom_ranges(k, v))
+                    continue
                 if kind != "char" or kind2 != "char":
                     raise self.syntax(f"bad character range {self.p[atom_pos:self.i]}", atom_pos)
                 if value2 < value:  # type: ignore[operator]
                     raise self.syntax(f"bad character range {self.p[atom_pos:self.i]}", atom_pos)
                 ranges.append((value, value2))  # type: ignore[arg-type]
-            elif kind == "char":
-                ranges.append((value, value))  # type: ignore[arg-type]
             else:
-                set_ranges, set_neg = value  # type: ignore[misc]
-                ranges.extend(ir.invert_ranges(set_ranges) if set_neg else set_ranges)
+                ranges.extend(_atom_ranges(kind, value))
         return self.set_expr(tuple(ranges), negate)
 
     # ------------------------------------------------------------------ anchors and search mode
@@ -629,6 +632,14 @@ class _Parser:
         if self.mode == "fullmatch":
             return body
         return ir.seq(_prefix(before), body, _suffix(after))
+
+
+def _atom_ranges(kind: str, value: object) -> Ranges:
+    """The ranges of one class atom: ("char", code point) or ("set", (ranges, negated))."""
+    if kind == "char":
+        return ((value, value),)  # type: ignore[return-value]
+    ranges, negated = value  # type: ignore[misc]
+    return ir.invert_ranges(ranges) if negated else ranges
 
 
 def _prefix(anchors: list[_Item]) -> Expr:

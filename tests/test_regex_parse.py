@@ -161,6 +161,8 @@ ECMA_IR_TABLE = [
     ("a{,3}", L(b"a{,3}")),
     ("\\/\\-", L(b"/-")),
     ("[\\b]", L(b"\x08")),
+    ("[\\d-.]", CC(((45, 46), (48, 57)))),  # Annex B: a class escape makes '-' literal
+    ("[a-\\s]", ir.char_class([(45, 45), (97, 97), *ECMA_WHITESPACE])),
 ]
 
 
@@ -296,7 +298,7 @@ def test_unsupported_constructs(pattern: str, position: int, word: str) -> None:
 
 @pytest.mark.parametrize(
     "pattern",
-    ["(?P<a>x)", "\\Z", "\\A", "a{,3}x", "(?=a)", "\\1", "\\k<a>", "\\q", "\\p{Script=Latin}", "\\p{Foo}", "\\pL", "[\\d-z]", "a**", "\\x4",
+    ["(?P<a>x)", "\\Z", "\\A", "a{,3}x", "(?=a)", "\\1", "\\k<a>", "\\q", "\\p{Script=Latin}", "\\p{Foo}", "\\pL", "[z-a]", "a**", "\\x4",
      "\\u{110000}", "\\c1", "(?i)a", "\\00"],
 )
 def test_ecma_rejects(pattern: str) -> None:
