@@ -9,7 +9,7 @@ Two flavors share one hand-written parser:
 - ``"ecma"``: the ECMA-262 syntax JSON Schema ``pattern`` uses (``\\uXXXX``, surrogate pairs,
   ``\\u{...}``, ``\\cX``, ``[^]``, ``[]``, ``(?<name>...)``, the Unicode ``\\s`` set, ``.``
   excluding line terminators, ``\\p{...}`` General_Category escapes). Annex B leniency: a ``{``
-  that is not a quantifier and a lone ``]`` / ``}`` are literals; ``\\`` before any ASCII
+  that is not a quantifier and a lone ``]`` / ``}`` are literals, ``[\\w-.]`` is a union; ``\\`` before any ASCII
   punctuation is an identity escape. ``ignore_case`` folds ASCII letters only (as Python's
   ``re.ASCII``), not ECMA's Unicode case mapping.
 
