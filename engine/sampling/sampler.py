@@ -49,11 +49,11 @@ class Sampler:
         assert logits.dim() == 2 and logits.shape[0] == info.batch_size, "one logits row per request"
         logits = logits.float() if logits.dtype != torch.float32 else logits
         raw = torch.log_softmax(logits, dim=-1) if any(info.raw_logprobs) else None
+        if logits.shape[1] > info.vocab_size:
+            logits[:, info.vocab_size :] = float("-inf")  # padded embedding rows are never sampled
         if info.vocab_mask is not None:
             rows = info.grammar_row_indices()
             apply_token_bitmask_inplace(logits, info.vocab_mask, indices=rows, vocab_size=info.vocab_size)
-        elif logits.shape[1] > info.vocab_size:
-            logits[:, info.vocab_size :] = float("-inf")  # padded embedding rows are never sampled
         dead = torch.isneginf(logits.amax(dim=-1))
         if bool(dead.any()):
             logits[dead] = 0.0  # keep the row finite; its token is replaced by NO_TOKEN below
