@@ -11,6 +11,7 @@ import torch
 
 from engine.sampling import Sampler, SamplingBatchInfo
 from engine.sampling.penalties import PenaltyState
+from engine.sampling import sampler as sampler_module
 from engine.sampling.sampler import NO_TOKEN
 from engine.sampling_params import SamplingParams
 from grammar.bitmask import pack_bool_mask
@@ -144,11 +145,13 @@ def test_no_penalty_state_without_penalties() -> None:
     info.update_penalties(torch.tensor([1]))
 
 
+@pytest.mark.parametrize("candidates", [1024, 12])  # 12: the top-k candidate path and its full-sort fallback
 @pytest.mark.parametrize(
     "temperature,top_k,top_p,min_p",
-    [(1.0, -1, 1.0, 0.0), (0.7, -1, 1.0, 0.0), (1.0, 5, 1.0, 0.0), (1.3, -1, 0.6, 0.0), (1.0, 10, 0.5, 0.0), (0.9, -1, 1.0, 0.2), (1.0, 20, 0.9, 0.05)],
+    [(1.0, -1, 1.0, 0.0), (0.7, -1, 1.0, 0.0), (1.0, 5, 1.0, 0.0), (1.3, -1, 0.6, 0.0), (1.0, 10, 0.5, 0.0), (0.9, -1, 1.0, 0.2), (1.0, 20, 0.9, 0.05), (0.3, -1, 0.9, 0.0), (2.0, -1, 0.95, 0.0)],
 )
-def test_processed_logprobs_are_log_softmax_of_truncated_distribution(temperature, top_k, top_p, min_p) -> None:
+def test_processed_logprobs_are_log_softmax_of_truncated_distribution(temperature, top_k, top_p, min_p, candidates, monkeypatch) -> None:
+    monkeypatch.setattr(sampler_module, "_CANDIDATES", candidates)
     logits = _logits(3, seed=9)
     params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, logprobs=True, top_logprobs_num=V, sampling_seed=s) for s in range(3)]
     out, _ = _sample(logits, params)
@@ -259,9 +262,11 @@ def test_half_precision_logits(dtype: torch.dtype) -> None:
     "temperature,top_k,top_p,min_p",
     [(1.0, -1, 1.0, 0.0), (0.8, 4, 1.0, 0.0), (1.0, -1, 0.7, 0.0), (1.0, -1, 1.0, 0.15), (1.5, 6, 0.8, 0.1)],
 )
-def test_samples_follow_the_renormalized_distribution(temperature, top_k, top_p, min_p) -> None:
+@pytest.mark.parametrize("candidates", [1024, 3])
+def test_samples_follow_the_renormalized_distribution(temperature, top_k, top_p, min_p, candidates, monkeypatch) -> None:
     """Seeded statistical test: 40k draws over a 10-token vocabulary, every frequency within
     5 standard errors of the renormalized truncated probability, truncated tokens never drawn."""
+    monkeypatch.setattr(sampler_module, "_CANDIDATES", candidates)
     vocab, batch, steps = 10, 4000, 10
     row = torch.tensor([2.0, 1.5, 1.4, 1.0, 0.5, 0.2, 0.0, -0.5, -1.0, -3.0])
     params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)] * batch

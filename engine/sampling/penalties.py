@@ -57,13 +57,20 @@ class PenaltyState:
         return state
 
     def apply(self, logits: torch.Tensor) -> None:
-        """Penalize ``logits`` [B, V'] in place (V' may exceed the tracked vocabulary)."""
-        vocab = self.output_counts.shape[1]
-        view = logits[:, :vocab]
-        rep = torch.where(view > 0, 1.0 / self.repetition, self.repetition)
-        view.mul_(torch.where(self.seen, rep, torch.ones_like(rep)))
-        counts = self.output_counts.to(view.dtype)
-        view.sub_(counts * self.frequency + (counts > 0).to(view.dtype) * self.presence)
+        """Penalize ``logits`` [B, V'] in place (V' may exceed the tracked vocabulary).
+
+        Sparse: only (row, token) pairs seen so far change, so gather them, penalize, scatter back,
+        instead of ~10 dense passes over [B, V].
+        """
+        rows, cols = self.seen.nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            return
+        vals = logits[rows, cols].float()
+        rep = self.repetition[rows, 0]
+        vals = torch.where(vals > 0, vals / rep, vals * rep)  # HF: divide positive, multiply negative
+        counts = self.output_counts[rows, cols].to(vals.dtype)
+        vals = vals - counts * self.frequency[rows, 0] - (counts > 0).to(vals.dtype) * self.presence[rows, 0]
+        logits[rows, cols] = vals.to(logits.dtype)
 
     def update(self, output_ids: torch.Tensor, rows: torch.Tensor | None = None) -> None:
         """Count one new token per row (``output_ids`` [B]); ids < 0 (no token) are ignored."""

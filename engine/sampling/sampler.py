@@ -70,21 +70,34 @@ class Sampler:
 
     def _choose(self, logits: torch.Tensor, info: SamplingBatchInfo) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token ids [B] and the kept-token mask [B, V'] used for processed logprobs (None = all)."""
-        argmax = logits.argmax(dim=-1)
         if info.is_all_greedy:
-            return argmax, None
+            return logits.argmax(dim=-1), None
         probs = torch.softmax(logits / info.temperatures, dim=-1)
         uniforms = self._uniforms(info)
-        if info.need_top_k or info.need_top_p:
-            sampled, keep = _sample_sorted(probs, uniforms, info)
-        else:
-            keep = _min_p_keep(probs, info) if info.need_min_p else None
-            if keep is not None:
-                probs = probs.masked_fill(~keep, 0.0)
-            sampled = _inverse_cdf(probs, uniforms)
-        ids = torch.where(info.greedy, argmax, sampled)
-        if keep is not None:
-            keep = keep | info.greedy.unsqueeze(1)  # greedy rows report the untruncated distribution
+        sampled = ~info.greedy
+        truncated = sampled & ((info.top_ks < info.vocab_size) | (info.top_ps < 1.0))
+        plain = sampled & ~truncated
+        ids = logits.argmax(dim=-1) if bool(info.greedy.any()) else torch.zeros_like(info.top_ks)
+        keep = None
+        if info.need_top_k or info.need_top_p or info.need_min_p:
+            keep = torch.ones_like(probs, dtype=torch.bool)
+        if bool(plain.any()):
+            rows = plain.nonzero().squeeze(1)
+            sub = probs.index_select(0, rows)
+            if info.need_min_p:
+                sub_keep = sub >= (info.min_ps[rows] * sub.amax(dim=-1)).unsqueeze(1)
+                sub = sub * sub_keep
+                keep[rows] = sub_keep
+            ids[rows] = _inverse_cdf(sub, uniforms[rows])
+        if bool(truncated.any()):
+            rows = truncated.nonzero().squeeze(1)
+            # top_k == vocab_size means "off": widen it to the logits' width (padded columns).
+            top_ks = torch.where(info.top_ks >= info.vocab_size, probs.shape[1], info.top_ks)
+            sub_ids, sub_keep = _sample_truncated(
+                probs.index_select(0, rows), uniforms[rows], top_ks[rows], info.top_ps[rows], info.min_ps[rows]
+            )
+            ids[rows] = sub_ids
+            keep[rows] = sub_keep
         return ids, keep
 
     def _uniforms(self, info: SamplingBatchInfo) -> torch.Tensor:
@@ -129,28 +142,62 @@ def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return idx
 
 
-def _min_p_keep(probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    p_max = probs.amax(dim=-1, keepdim=True)
-    return probs >= info.min_ps.unsqueeze(1) * p_max
+# Candidates taken with ``topk`` before top-k/top-p truncation: a full sort of [64, 151936] costs
+# ~20x a top-1024 selection on the CPU. Rows whose kept prefix may reach beyond the candidates
+# (a flat distribution with a large top_p) fall back to a full sort, so the result is exact.
+_CANDIDATES = 1024
 
 
-def _sample_sorted(
-    probs: torch.Tensor, uniforms: torch.Tensor, info: SamplingBatchInfo
+def _sample_truncated(
+    probs: torch.Tensor, uniforms: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor, min_ps: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k, then top-p on the renormalized rest, then min-p; draw in sorted order."""
-    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
-    rank = torch.arange(probs.shape[1], device=probs.device).unsqueeze(0)
-    keep = rank < info.top_ks.unsqueeze(1)
-    sorted_p = sorted_p * keep
-    if info.need_top_p:
-        total = sorted_p.sum(dim=-1, keepdim=True)
-        before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly before each token
-        top_p = torch.where(info.top_ps >= 1.0, torch.full_like(info.top_ps, 2.0), info.top_ps)
-        keep &= before < top_p.unsqueeze(1) * total
-    if info.need_min_p:
-        keep &= sorted_p >= (info.min_ps * sorted_p[:, 0]).unsqueeze(1)
-    sorted_p = sorted_p * keep
-    picked = _inverse_cdf(sorted_p, uniforms)
-    token_ids = order.gather(1, picked.unsqueeze(1)).squeeze(1)
-    keep_unsorted = torch.zeros_like(keep).scatter_(1, order, keep)
-    return token_ids, keep_unsorted
+    """Top-k, then top-p on the renormalized top-k, then min-p; draw among the survivors."""
+    vocab = probs.shape[1]
+    limited = top_ks < vocab
+    k_max = int(top_ks[limited].max()) if bool(limited.any()) else 0
+    cand = min(vocab, max(_CANDIDATES, k_max))
+    total = probs.sum(dim=-1)
+    if cand < vocab:
+        values, order = probs.topk(cand, dim=-1, sorted=True)
+        inside = limited | (values.sum(dim=-1) >= top_ps * total)
+    else:
+        values, order = probs.sort(dim=-1, descending=True, stable=True)
+        inside = torch.ones_like(limited)
+    token_ids = torch.empty_like(top_ks)
+    keep = torch.zeros_like(probs, dtype=torch.bool)
+    for rows_mask, full in ((inside, False), (~inside, True)):
+        if not bool(rows_mask.any()):
+            continue
+        rows = rows_mask.nonzero().squeeze(1)
+        if full:
+            vals, ords = probs.index_select(0, rows).sort(dim=-1, descending=True, stable=True)
+        else:
+            vals, ords = values.index_select(0, rows), order.index_select(0, rows)
+        keep_sorted = _truncate_sorted(vals, top_ks[rows], top_ps[rows], min_ps[rows], total[rows], vocab)
+        picked = _inverse_cdf(vals * keep_sorted, uniforms[rows])
+        token_ids[rows] = ords.gather(1, picked.unsqueeze(1)).squeeze(1)
+        keep[rows] = torch.zeros(len(rows), vocab, dtype=torch.bool, device=probs.device).scatter_(1, ords, keep_sorted)
+    return token_ids, keep
+
+
+def _truncate_sorted(
+    sorted_p: torch.Tensor,
+    top_ks: torch.Tensor,
+    top_ps: torch.Tensor,
+    min_ps: torch.Tensor,
+    total: torch.Tensor,
+    vocab: int,
+) -> torch.Tensor:
+    """Survivor mask over descending probabilities ``sorted_p`` [n, K] (K may be < V).
+
+    ``total`` is the row's whole mass; with top-k active the top-p reference mass is the top-k mass.
+    """
+    rank = torch.arange(sorted_p.shape[1], device=sorted_p.device).unsqueeze(0)
+    keep = rank < top_ks.unsqueeze(1)
+    kept_p = sorted_p * keep
+    mass = torch.where(top_ks >= vocab, total, kept_p.sum(dim=-1))
+    before = kept_p.cumsum(dim=-1) - kept_p  # mass strictly before each token
+    top_p = torch.where(top_ps >= 1.0, torch.full_like(top_ps, 2.0), top_ps)
+    keep &= before < (top_p * mass).unsqueeze(1)
+    keep &= sorted_p >= (min_ps * sorted_p[:, 0]).unsqueeze(1)
+    return keep
