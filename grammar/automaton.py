@@ -49,6 +49,9 @@ class LazyAutomaton:
         self.table = np.full((cap, 256), UNEXPANDED, dtype=np.int32)
         self.accepting = np.zeros(cap, dtype=bool)
         self.expanded = np.zeros(cap, dtype=bool)
+        # Per-state facts computed by the token-mask layer (string-like regions), cached here so
+        # they live exactly as long as the automaton.
+        self.region_cache: dict[int, object] = {}
         root = self._intern_stack(nfa.rule_start[nfa.root_rule], EMPTY_STACK)
         self.initial_state = self._config_for([root])
         if self.initial_state == DEAD:
@@ -58,30 +61,32 @@ class LazyAutomaton:
 
     # ------------------------------------------------------------------ setup
     def _init_byte_classes(self) -> None:
-        bounds = {0, 256}
+        bounds = np.zeros(257, dtype=bool)
+        bounds[0] = bounds[256] = True
         for edges in self.nfa.byte_edges:
             for lo, hi, _ in edges:
-                bounds.add(lo)
-                bounds.add(hi + 1)
-        cuts = sorted(bounds)
-        cls = np.zeros(256, dtype=np.int32)
-        for i in range(len(cuts) - 1):
-            cls[cuts[i] : cuts[i + 1]] = i
-        self.byte_class = cls
+                bounds[lo] = bounds[hi + 1] = True
+        cuts = np.flatnonzero(bounds)
+        self.byte_class = (np.cumsum(bounds[:256]) - 1).astype(np.int32)
         self.num_classes = len(cuts) - 1
-        starts = cuts[:-1]
-        # moves[q]: byte class -> targets, only for states with byte edges.
-        self._moves: list[dict[int, list[int]] | None] = []
-        for edges in self.nfa.byte_edges:
+        # moves[q] (byte class -> targets) is built on first use: most NFA states of a big
+        # grammar are never reached by a given request.
+        self._moves: list[dict[int, list[int]] | None | bool] = [False] * self.nfa.num_states
+
+    def _moves_of(self, q: int) -> dict[int, list[int]] | None:
+        m = self._moves[q]
+        if m is False:
+            edges = self.nfa.byte_edges[q]
             if not edges:
-                self._moves.append(None)
-                continue
-            m: dict[int, list[int]] = {}
-            for lo, hi, target in edges:
-                for c in range(int(cls[lo]), int(cls[hi]) + 1):
-                    m.setdefault(c, []).append(target)
-            self._moves.append(m)
-        del starts
+                m = None
+            else:
+                cls = self.byte_class
+                m = {}
+                for lo, hi, target in edges:
+                    for c in range(int(cls[lo]), int(cls[hi]) + 1):
+                        m.setdefault(c, []).append(target)
+            self._moves[q] = m
+        return m  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ interning
     def _intern_stack(self, state: int, parent: int) -> int:
@@ -103,7 +108,7 @@ class LazyAutomaton:
         memo = self._closure_memo.get(sid)
         if memo is not None:
             return memo
-        nfa, moves = self.nfa, self._moves
+        nfa, moves_of = self.nfa, self._moves_of
         seen = {sid}
         todo = [sid]
         kernel: list[int] = []
@@ -111,7 +116,7 @@ class LazyAutomaton:
         while todo:
             x = todo.pop()
             q, parent = self._stacks[x]
-            if moves[q] is not None:
+            if moves_of(q) is not None:
                 kernel.append(x)
             nxt = [self._intern_stack(t, parent) for t in nfa.eps[q]]
             for callee, ret in nfa.calls[q]:
@@ -179,12 +184,18 @@ class LazyAutomaton:
             buckets: dict[int, list[int]] = {}
             for sid in self._configs[state]:
                 q, parent = self._stacks[sid]
-                for c, targets in self._moves[q].items():  # type: ignore[union-attr]
+                for c, targets in self._moves_of(q).items():  # type: ignore[union-attr]
                     bucket = buckets.setdefault(c, [])
                     bucket.extend(self._intern_stack(t, parent) for t in targets)
+            # Many byte classes lead to the same stacks (string bodies): resolve each set once.
+            by_seeds: dict[frozenset[int], int] = {}
             row = np.full(self.num_classes, DEAD, dtype=np.int32)
             for c, seeds in buckets.items():
-                row[c] = self._config_for(seeds)
+                key = frozenset(seeds)
+                target = by_seeds.get(key)
+                if target is None:
+                    target = by_seeds[key] = self._config_for(key)
+                row[c] = target
             self.table[state] = row[self.byte_class]
             self.expanded[state] = True
 

@@ -12,6 +12,7 @@ position is one contiguous byte range), so the automaton only ever sees bytes.
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass, field
 
@@ -19,7 +20,7 @@ from . import ir
 from .errors import GrammarBudgetError, GrammarError
 
 # Non-recursive rules whose inlined fragment stays under this many states are copied into callers.
-INLINE_MAX_STATES = 4000
+INLINE_MAX_STATES = 300
 
 
 @dataclass
@@ -38,6 +39,12 @@ class ByteNFA:
     @property
     def num_states(self) -> int:
         return len(self.eps)
+
+
+@functools.lru_cache(maxsize=4096)
+def class_byte_sequences(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """UTF-8 byte-range sequences of a whole character class (cached: front ends repeat classes)."""
+    return tuple(tuple(seq) for lo, hi in ranges for seq in utf8_byte_sequences(lo, hi))
 
 
 def utf8_byte_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
@@ -161,21 +168,20 @@ class _Builder:
         nfa = self.nfa
         # Share the continuation tails: states keyed by the remaining byte-range suffix.
         tails: dict[tuple[tuple[int, int], ...], int] = {}
-        for lo, hi in e.ranges:
-            for sequence in utf8_byte_sequences(lo, hi):
-                cur = s
-                for i, (blo, bhi) in enumerate(sequence):
-                    if i == len(sequence) - 1:
-                        nfa.byte_edges[cur].append((blo, bhi, t))
-                        break
-                    rest = tuple(sequence[i + 1 :])
-                    nxt = tails.get(rest) if i > 0 else None
-                    if nxt is None:
-                        nxt = self.new_state()
-                        if i > 0:
-                            tails[rest] = nxt
-                    nfa.byte_edges[cur].append((blo, bhi, nxt))
-                    cur = nxt
+        for sequence in class_byte_sequences(e.ranges):
+            cur = s
+            for i, (blo, bhi) in enumerate(sequence):
+                if i == len(sequence) - 1:
+                    nfa.byte_edges[cur].append((blo, bhi, t))
+                    break
+                rest = sequence[i + 1 :]
+                nxt = tails.get(rest) if i > 0 else None
+                if nxt is None:
+                    nxt = self.new_state()
+                    if i > 0:
+                        tails[rest] = nxt
+                nfa.byte_edges[cur].append((blo, bhi, nxt))
+                cur = nxt
 
     def _build_repeat(self, e: ir.Repeat, s: int, t: int, work: list) -> None:
         copies = e.min if e.max is None else e.max

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .token_trie import TokenTrie, build_trie_from, walk_trie
+from .token_trie import TokenTrie, build_trie_from, expand_children, walk_trie
 from .vocab import TokenVocabulary
 
 # Use the shortcut when a state loops on at least this many bytes...
@@ -27,6 +27,10 @@ MIN_LOOP_BYTES = 64
 MAX_EXCEPTION_SHARE = 0.3
 
 
+# Subtrees entered in a string-like state at depth <= STAY_DEPTH with at least
+# MIN_SUBTREE_TOKENS tokens are settled token-major from the shape's stay table.
+STAY_DEPTH = 31  # bits of a uint32
+MIN_SUBTREE_TOKENS = 16
 # A region is at most this many states (s and its UTF-8 middle states).
 MAX_REGION = 12
 _EXIT = -3
@@ -53,23 +57,170 @@ class TokenMaskComputer:
         self._offsets = np.concatenate([[0], np.cumsum(self._lengths)[:-1]]).astype(np.int64)
         self._flat = np.frombuffer(b"".join(toks), dtype=np.uint8)
         self._splits: OrderedDict[bytes, LoopSplit] = OrderedDict()
+        self._stays: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
     def allowed(self, automaton, state: int, want_states: bool = False):
         """(bool [V] allowed tokens, int32 [V] end states or None); EOS not included."""
         automaton.expand(state)
-        if not want_states and int((automaton.table[state] == state).sum()) >= MIN_LOOP_BYTES:
+        if want_states:
+            return walk_trie(self.trie, automaton, state, want_states)
+        region = self._region_of(automaton, state)
+        if region is not None and region[3] == 0:
+            states, canonical = region[0], region[1]
+            split = self._split_for(canonical)
+            if split.inside is not None:
+                allowed = split.inside.copy()
+                for c, trie in split.suffixes:
+                    extra, _ = walk_trie(trie, automaton, states[c])
+                    allowed |= extra
+                return allowed, None
+        return self._walk(automaton, state), None
+
+    def _region_of(self, automaton, state: int):
+        """(region states, canonical table, key, index of ``state`` in the region) when
+        ``state`` is string-like or a UTF-8 middle state of a string-like region; else None."""
+        cache = automaton.region_cache
+        if state in cache:
+            return cache[state]
+        automaton.expand(state)
+        row = automaton.table[state]
+        found = None
+        if int((row == state).sum()) >= MIN_LOOP_BYTES:
             region = _region(automaton, state)
             if region is not None:
-                states, canonical = region
-                split = self._split_for(canonical)
-                if split.inside is not None:
-                    allowed = split.inside.copy()
-                    for c, trie in split.suffixes:
-                        extra, _ = walk_trie(trie, automaton, states[c])
-                        allowed |= extra
-                    return allowed, None
-        return walk_trie(self.trie, automaton, state, want_states)
+                found = (region[0], region[1], region[1].tobytes(), 0)
+        else:
+            live = np.flatnonzero(row >= 0)
+            if len(live) and live.min() >= 0x80 and live.max() < 0xC0:
+                home = self._home_after_continuations(automaton, state)
+                region = self._region_of(automaton, home) if home is not None else None
+                if region is not None and region[3] == 0 and state in region[0]:
+                    found = (region[0], region[1], region[2], region[0].index(state))
+        cache[state] = found
+        return found
+
+    @staticmethod
+    def _home_after_continuations(automaton, state: int) -> int | None:
+        for _ in range(3):
+            automaton.expand(state)
+            row = automaton.table[state]
+            live = np.flatnonzero(row >= 0)
+            if not len(live) or live.min() < 0x80 or live.max() >= 0xC0:
+                return state
+            state = int(row[live[0]])
+        return None
+
+    # ------------------------------------------------------------------ walk with shortcuts
+    def _walk(self, automaton, state: int) -> np.ndarray:
+        """The trie walk, except that a big subtree entered in a string-like state is settled
+        token-major from that shape's precomputed stay table instead of node by node."""
+        trie = self.trie
+        allowed = np.zeros(trie.vocab_size, dtype=bool)
+        if not trie.levels:
+            return allowed
+        nodes = np.arange(len(trie.levels[0].byte))
+        parents = np.full(len(nodes), state, dtype=np.int32)
+        for d, level in enumerate(trie.levels):
+            automaton.expand_many(parents)
+            states = automaton.table[parents, level.byte[nodes]]
+            live = states >= 0
+            nodes, states = nodes[live], states[live]
+            if len(nodes) == 0:
+                break
+            term = level.terminal_token[nodes]
+            allowed[term[term >= 0]] = True
+            if d + 1 == len(trie.levels):
+                break
+            if d + 1 <= STAY_DEPTH:
+                nodes, states = self._settle_subtrees(automaton, level, nodes, states, d + 1, allowed)
+            nodes, owner = expand_children(level, nodes)
+            parents = states[owner]
+        if len(trie.dup_src):
+            allowed[trie.dup_dst] = allowed[trie.dup_src]
+        return allowed
+
+    def _settle_subtrees(self, automaton, level, nodes, states, pos: int, allowed: np.ndarray):
+        """Settle the big subtrees whose node state is string-like; return the other nodes."""
+        big = (level.tok_hi[nodes] - level.tok_lo[nodes]) >= MIN_SUBTREE_TOKENS
+        if not big.any():
+            return nodes, states
+        groups: dict[tuple[bytes, int], list[int]] = {}
+        canon: dict[bytes, np.ndarray] = {}
+        for q in np.unique(states[big]).tolist():
+            region = self._region_of(automaton, q)
+            if region is not None:
+                groups.setdefault((region[2], region[3]), []).append(q)
+                canon[region[2]] = region[1]
+        if not groups:
+            return nodes, states
+        settled = np.zeros(len(nodes), dtype=bool)
+        trie = self.trie
+        bit = np.uint32(1 << pos)
+        for (key, c), qs in groups.items():
+            sel = big & np.isin(states, qs)
+            settled |= sel
+            lo, hi = level.tok_lo[nodes[sel]], level.tok_hi[nodes[sel]]
+            counts = hi - lo
+            owner = np.repeat(np.arange(len(lo)), counts)
+            tokpos = lo[owner] + (np.arange(int(counts.sum())) - (np.cumsum(counts) - counts)[owner])
+            longer = trie.sorted_len[tokpos] > pos  # tokens ending at the node were counted already
+            tokpos, tok_state = tokpos[longer], states[sel][owner[longer]]
+            ok = (self._stay_for(key, canon[key])[c, tokpos] & bit) != 0
+            allowed[trie.sorted_ids[tokpos[ok]]] = True
+            rest = ~ok
+            if rest.any():
+                survived = self._simulate(automaton, tokpos[rest], tok_state[rest], pos)
+                allowed[trie.sorted_ids[tokpos[rest][survived]]] = True
+        return nodes[~settled], states[~settled]
+
+    def _simulate(self, automaton, tokpos: np.ndarray, states: np.ndarray, pos: int) -> np.ndarray:
+        """Token-major: do these tokens' bytes from ``pos`` on survive from ``states``?"""
+        trie = self.trie
+        ok = np.zeros(len(tokpos), dtype=bool)
+        active = np.arange(len(tokpos))
+        st = states.astype(np.int32)
+        while len(active):
+            done = trie.sorted_len[tokpos[active]] <= pos
+            ok[active[done]] = True
+            active, st = active[~done], st[~done]
+            if len(active) == 0:
+                break
+            automaton.expand_many(st)
+            st = automaton.table[st, trie.flat[trie.sorted_offset[tokpos[active]] + pos]]
+            live = st >= 0
+            active, st = active[live], st[live]
+            pos += 1
+        return ok
+
+    def _stay_for(self, key: bytes, canonical: np.ndarray) -> np.ndarray:
+        """uint32 [R, N]: bit p of entry (c, i) says whether sorted token i, read from byte p
+        on, starting in region state c, stays inside the region. Computed backwards over byte
+        positions once per region shape."""
+        with self._lock:
+            hit = self._stays.get(key)
+            if hit is not None:
+                self._stays.move_to_end(key)
+                return hit
+        trie = self.trie
+        n = len(trie.sorted_len)
+        stay_now = np.ones((canonical.shape[0], n), dtype=bool)
+        stay = np.zeros((canonical.shape[0], n), dtype=np.uint32)
+        for p in range(int(trie.sorted_len.max()) - 1 if n else -1, -1, -1):
+            act = np.flatnonzero(trie.sorted_len > p)
+            nxt = canonical[:, trie.flat[trie.sorted_offset[act] + p]]
+            valid = nxt >= 0
+            new = np.zeros(nxt.shape, dtype=bool)
+            cols = np.broadcast_to(act, nxt.shape)
+            new[valid] = stay_now[nxt[valid], cols[valid]]
+            stay_now[:, act] = new
+            if p <= STAY_DEPTH:
+                stay |= stay_now.astype(np.uint32) << np.uint32(p)
+        with self._lock:
+            self._stays[key] = stay
+            if len(self._stays) > 16:
+                self._stays.popitem(last=False)
+        return stay
 
     def _split_for(self, canonical: np.ndarray) -> LoopSplit:
         key = canonical.tobytes()

@@ -24,6 +24,9 @@ class TrieLevel:
     child_start: np.ndarray  # int64 [n]: children range in the next level
     child_count: np.ndarray  # int64 [n]
     terminal_token: np.ndarray  # int32 [n]: token whose bytes end exactly here, or -1
+    # The tokens below a node are a contiguous run of the sorted token list: [tok_lo, tok_hi).
+    tok_lo: np.ndarray
+    tok_hi: np.ndarray
 
 
 @dataclass
@@ -34,6 +37,11 @@ class TokenTrie:
     dup_src: np.ndarray
     dup_dst: np.ndarray
     eos_ids: np.ndarray
+    # The (deduplicated) tokens in byte order, for token-major work on whole subtrees.
+    sorted_ids: np.ndarray  # int64 [N]
+    sorted_len: np.ndarray  # int64 [N]
+    sorted_offset: np.ndarray  # int64 [N] into flat
+    flat: np.ndarray  # uint8: all sorted tokens' bytes, concatenated
 
     @classmethod
     def from_vocab(cls, vocab: TokenVocabulary) -> "TokenTrie":
@@ -98,6 +106,8 @@ def build_trie_from(ids: list[int], token_bytes: list[bytes], vocab_size: int, e
         term = np.full(len(first), -1, dtype=np.int32)
         ends = lengths[alive] == d + 1
         term[node[ends]] = token_ids[alive[ends]]
+        last = np.concatenate([first[1:] - 1, [len(alive) - 1]])
+        tok_lo, tok_hi = alive[first], alive[last] + 1
         if levels:
             prev = levels[-1]
             counts = np.bincount(nodes_parent, minlength=len(prev.byte))
@@ -109,6 +119,8 @@ def build_trie_from(ids: list[int], token_bytes: list[bytes], vocab_size: int, e
                 child_start=np.zeros(len(first), dtype=np.int64),
                 child_count=np.zeros(len(first), dtype=np.int64),
                 terminal_token=term,
+                tok_lo=tok_lo,
+                tok_hi=tok_hi,
             )
         )
         full = np.zeros(n, dtype=np.int64)
@@ -120,6 +132,10 @@ def build_trie_from(ids: list[int], token_bytes: list[bytes], vocab_size: int, e
         dup_src=np.array(dup_src, dtype=np.int64),
         dup_dst=np.array(dup_dst, dtype=np.int64),
         eos_ids=np.array(list(eos_ids), dtype=np.int64),
+        sorted_ids=token_ids.astype(np.int64),
+        sorted_len=lengths,
+        sorted_offset=offsets.astype(np.int64),
+        flat=flat,
     )
 
 
