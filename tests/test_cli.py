@@ -1,0 +1,52 @@
+"""The ``formcast generate`` command line: a real run in a subprocess, and argument handling."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import cli
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_cli_subprocess_prints_only_the_match():
+    pattern = r"\d{4}-\d{2}-\d{2}"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine", "generate", "--regex", pattern, "--prompt", "When did Apollo 11 land?",
+         "--max-new-tokens", "12", "--threads", "1", "--temperature", "0.8", "--seed", "1"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.endswith("\n") and proc.stdout.count("\n") == 1
+    assert re.fullmatch(pattern, proc.stdout[:-1], re.ASCII), proc.stdout
+    assert "loading model" in proc.stderr  # progress goes to stderr
+
+
+def test_bad_arguments_exit_2_before_loading_the_model(capsys):
+    assert cli.main(["generate", "--regex", "a", "--prompt", "x", "--max-new-tokens", "0"]) == 2
+    assert cli.main(["generate", "--json-schema", "{not json", "--prompt", "x"]) == 2
+    err = capsys.readouterr()
+    assert err.out == "" and "--max-new-tokens" in err.err and "--json-schema" in err.err
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--regex", "a", "--ebnf", "root ::= \"a\"", "--prompt", "x"])
+
+
+def test_constraint_from_file_or_inline(tmp_path):
+    schema = {"type": "integer"}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(schema))
+    parser = cli.build_parser()
+    assert cli._constraint(parser.parse_args(["generate", "--json-schema", str(path), "--prompt", "p"])) == {"json_schema": schema}
+    assert cli._constraint(parser.parse_args(["generate", "--json-schema", '{"type": "integer"}', "--prompt", "p"])) == {"json_schema": schema}
+    grammar = tmp_path / "g.ebnf"
+    grammar.write_text('root ::= "yes" | "no"\n')
+    assert cli._constraint(parser.parse_args(["generate", "--ebnf", str(grammar), "--prompt", "p"])) == {"ebnf": 'root ::= "yes" | "no"\n'}
+    assert cli._constraint(parser.parse_args(["generate", "--ebnf", 'root ::= "a"', "--prompt", "p"])) == {"ebnf": 'root ::= "a"'}
