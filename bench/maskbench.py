@@ -26,6 +26,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import re
 import sys
 import time
 import traceback
@@ -243,7 +244,13 @@ def run_one(engine: Any, record: dict, tok: Any, eos: int, width: int) -> dict:
         for i, (test, tokens) in enumerate(zip(record["tests"], token_lists)):
             walker = walker if i == 0 else new()
             if i > 0:
-                walker.fill(mask)
+                try:
+                    walker.fill(mask)
+                except Refused as exc:
+                    verdict = {"pos": 0, "token": None, "why": f"engine error: {str(exc)[:200]}"}
+                    if test["valid"]:
+                        failures.append({"kind": "validation", "test": i, **verdict, "text": texts[i][:300]})
+                    continue
             verdict = _walk(walker, mask, tokens, eos, out["tbm_us"])
             if verdict is not None and test["valid"]:
                 failures.append({"kind": "validation", "test": i, **verdict, "text": texts[i][:300]})
@@ -265,8 +272,11 @@ def _walk(walker: Any, mask: np.ndarray, tokens: list[int], eos: int, tbm: list[
         if not _allowed(mask, token):
             return {"pos": pos, "token": token, "why": "masked"}
         t0 = clock()
-        ok = walker.accept(token)
-        walker.fill(mask)
+        try:
+            ok = walker.accept(token)
+            walker.fill(mask)
+        except Refused as exc:  # an engine error state mid-walk (llguidance limits): a rejection
+            return {"pos": pos, "token": token, "why": f"engine error: {str(exc)[:200]}"}
         tbm.append((clock() - t0) * 1e6)
         if not ok:
             return {"pos": pos, "token": token, "why": "accept refused an allowed token"}
@@ -282,15 +292,27 @@ def _describe(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------- worker pool
+_LOADED: tuple | None = None  # (tokenizer, eos, mask width, engines) loaded once, inherited by fork
+
+
+def _load(engine_names: list[str], tokenizer: str) -> tuple:
+    """Tokenizer and engines, warmed up on a trivial schema (per-tokenizer setup is not TTFM)."""
+    global _LOADED
+    if _LOADED is None:
+        tok = load_tokenizer(tokenizer)
+        eos = int(tok.eos_token_id)
+        width = (len(tok) + 31) // 32
+        engines = {n: ENGINES[n](tok, eos) for n in engine_names}
+        warm = {"id": "warmup", "schema": {"type": "object", "properties": {"a": {"type": "string"}}},
+                "tests": [{"valid": True, "data": {"a": "x"}}]}
+        for e in engines.values():
+            run_one(e, warm, tok, eos, width)
+        _LOADED = (tok, eos, width, engines)
+    return _LOADED
+
+
 def _worker(conn: Any, engine_names: list[str], tokenizer: str) -> None:
-    tok = load_tokenizer(tokenizer)
-    eos = int(tok.eos_token_id)
-    width = (len(tok) + 31) // 32
-    engines = {n: ENGINES[n](tok, eos) for n in engine_names}
-    warm = {"id": "warmup", "schema": {"type": "object", "properties": {"a": {"type": "string"}}},
-            "tests": [{"valid": True, "data": {"a": "x"}}]}
-    for e in engines.values():
-        run_one(e, warm, tok, eos, width)
+    tok, eos, width, engines = _load(engine_names, tokenizer)
     conn.send(("ready", None))
     while True:
         task = conn.recv()
@@ -322,10 +344,18 @@ class _Slot:
 def run_pool(tasks: list[tuple[str, dict]], engines: list[str], args: argparse.Namespace, sink: Callable) -> None:
     """Run every (engine, record) task; ``sink(result)`` gets each result as it arrives."""
     ctx = mp.get_context("fork")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Loading takes ~30 s (tokenizer, llguidance slicer, xgrammar tokenizer info); doing it once
+    # here makes a replacement worker (after a timeout or crash) start in milliseconds.
+    _load(engines, args.tokenizer)
     queue = list(reversed(tasks))
     make = lambda: _Slot(ctx, engines, args.tokenizer)  # noqa: E731
     slots = [make() for _ in range(min(args.jobs, len(tasks)))]
+    stop_at = time.monotonic() + args.max_minutes * 60 if args.max_minutes else float("inf")
     while queue or any(s.task for s in slots):
+        if queue and time.monotonic() > stop_at:
+            print(f"  --max-minutes reached: {len(queue)} tasks not started", file=sys.stderr)
+            queue.clear()
         for i, s in enumerate(slots):
             if s.ready and s.task is None and queue:
                 s.task, s.started = queue.pop(), time.monotonic()
@@ -373,9 +403,12 @@ def load_records(path: Path, offset: int, limit: int | None, sample: int | None,
     records = records[offset:]
     if limit is not None:
         records = records[:limit]
-    if sample is not None and sample < len(records):
-        picked = sorted(random.Random(seed).sample(range(len(records)), sample))
-        records = [records[i] for i in picked]
+    if sample is not None:
+        # A prefix of one seeded permutation, kept in that order: samples of different sizes are
+        # nested, and a run stopped early (--max-minutes) is still a uniform random sample.
+        order = list(range(len(records)))
+        random.Random(seed).shuffle(order)
+        records = [records[i] for i in order[:sample]]
     return records
 
 
@@ -436,14 +469,17 @@ KEYWORDS = (
 
 def _keyword_of(message: str) -> str:
     """The JSON Schema keyword a message names (quoted first, then bare), else its first words."""
+    named = re.search(r"keyword '([^']+)'", message)
+    if named:
+        return named.group(1)
     for quote in ("'", '"', "`"):
         for kw in KEYWORDS:
             if f"{quote}{kw}{quote}" in message:
                 return kw
-    words = set(message.replace(":", " ").replace(",", " ").split())
-    for kw in KEYWORDS:
-        if kw in words:
-            return kw
+    words = re.split(r"[\s:,.()\[\]/]+", message)
+    for word in words:  # the first bare keyword, if unlike an English word (camelCase or $-prefixed)
+        if word in KEYWORDS and (word != word.lower() or word.startswith("$")):
+            return word
     return " ".join(message.split()[:6])
 
 
@@ -490,6 +526,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokenizer", choices=("qwen2", "smollm2"), default="qwen2")
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds per schema and engine")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--max-minutes", type=float, help="start no new task after this many minutes")
     ap.add_argument("--out", type=Path, help="results, one JSON line per (schema, engine)")
     ap.add_argument("--summarize", type=Path, help="print the tables of an earlier --out file and exit")
     ap.add_argument("--failures", default="formcast", help="engine whose failures are listed ('' for none)")
