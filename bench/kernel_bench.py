@@ -97,7 +97,15 @@ def _sampler_mixes(batch: int) -> dict[str, list[SamplingParams]]:
         "penalties": [SamplingParams(frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=1.1)] * batch,
         "grammar on half the rows": [SamplingParams(regex="x")] * half + [SamplingParams()] * (batch - half),
         "logprobs top 5": [SamplingParams(logprobs=True, top_logprobs_num=5)] * batch,
+        FLAT_TOP_P: [SamplingParams(top_p=0.9)] * batch,
     }
+
+
+# Logits for the sampler table: N(0, 1) * 5, peaked like a language model's (top-p 0.9 falls within
+# the top-1024 candidates); the FLAT_TOP_P row uses N(0, 1), where top-p 0.9 spans ~half the
+# vocabulary and the sampler falls back to a full sort (its worst case).
+LOGIT_SCALE = 5.0
+FLAT_TOP_P = "top_p 0.9, flat logits (full-sort fallback)"
 
 
 def bench_sampler(batch: int, quick: bool, device: str = "cpu") -> None:
@@ -108,8 +116,9 @@ def bench_sampler(batch: int, quick: bool, device: str = "cpu") -> None:
     mixes = _sampler_mixes(batch)
     rows: dict[str, list[str]] = {name: [] for name in mixes}
     for vocab in VOCABS:
-        logits = torch.randn(batch, vocab, device=device)
+        peaked = torch.randn(batch, vocab, device=device) * LOGIT_SCALE
         for name, params in mixes.items():
+            logits = peaked / LOGIT_SCALE if name == FLAT_TOP_P else peaked
             info = SamplingBatchInfo.from_params(params, vocab, device)
             if info.vocab_mask is not None:
                 info.vocab_mask.copy_(random_bitmask(batch, vocab, 0.5))

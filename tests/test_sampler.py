@@ -145,7 +145,7 @@ def test_no_penalty_state_without_penalties() -> None:
     info.update_penalties(torch.tensor([1]))
 
 
-@pytest.mark.parametrize("candidates", [1024, 12])  # 12: the top-k candidate path and its full-sort fallback
+@pytest.mark.parametrize("candidates", [1024, 12, 2])  # small: the topk candidate paths and the full-sort fallback
 @pytest.mark.parametrize(
     "temperature,top_k,top_p,min_p",
     [(1.0, -1, 1.0, 0.0), (0.7, -1, 1.0, 0.0), (1.0, 5, 1.0, 0.0), (1.3, -1, 0.6, 0.0), (1.0, 10, 0.5, 0.0), (0.9, -1, 1.0, 0.2), (1.0, 20, 0.9, 0.05), (0.3, -1, 0.9, 0.0), (2.0, -1, 0.95, 0.0)],

@@ -144,8 +144,10 @@ def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 # Candidates taken with ``topk`` before top-k/top-p truncation: a full sort of [64, 151936] costs
 # ~20x a top-1024 selection on the CPU. Rows whose kept prefix may reach beyond the candidates
-# (a flat distribution with a large top_p) fall back to a full sort, so the result is exact.
+# (a flat distribution with a large top_p) retry with 16x more, then with a full sort, so the
+# result is always exact.
 _CANDIDATES = 1024
+_CANDIDATE_GROWTH = 16
 
 
 def _sample_truncated(
@@ -155,28 +157,27 @@ def _sample_truncated(
     vocab = probs.shape[1]
     limited = top_ks < vocab
     k_max = int(top_ks[limited].max()) if bool(limited.any()) else 0
-    cand = min(vocab, max(_CANDIDATES, k_max))
     total = probs.sum(dim=-1)
-    if cand < vocab:
-        values, order = probs.topk(cand, dim=-1, sorted=True)
-        inside = limited | (values.sum(dim=-1) >= top_ps * total)
-    else:
-        values, order = probs.sort(dim=-1, descending=True, stable=True)
-        inside = torch.ones_like(limited)
     token_ids = torch.empty_like(top_ks)
     keep = torch.zeros_like(probs, dtype=torch.bool)
-    for rows_mask, full in ((inside, False), (~inside, True)):
-        if not bool(rows_mask.any()):
-            continue
-        rows = rows_mask.nonzero().squeeze(1)
-        if full:
-            vals, ords = probs.index_select(0, rows).sort(dim=-1, descending=True, stable=True)
+    rows = torch.arange(probs.shape[0], device=probs.device)
+    cand = max(_CANDIDATES, k_max)
+    while rows.numel():
+        sub = probs.index_select(0, rows)
+        if cand < vocab:
+            vals, ords = sub.topk(cand, dim=-1, sorted=True)
+            inside = limited[rows] | (vals.sum(dim=-1) >= top_ps[rows] * total[rows])
         else:
-            vals, ords = values.index_select(0, rows), order.index_select(0, rows)
-        keep_sorted = _truncate_sorted(vals, top_ks[rows], top_ps[rows], min_ps[rows], total[rows], vocab)
-        picked = _inverse_cdf(vals * keep_sorted, uniforms[rows])
-        token_ids[rows] = ords.gather(1, picked.unsqueeze(1)).squeeze(1)
-        keep[rows] = torch.zeros(len(rows), vocab, dtype=torch.bool, device=probs.device).scatter_(1, ords, keep_sorted)
+            vals, ords = sub.sort(dim=-1, descending=True, stable=True)
+            inside = torch.ones_like(rows, dtype=torch.bool)
+        done = rows[inside]
+        vals, ords = vals[inside], ords[inside]
+        keep_sorted = _truncate_sorted(vals, top_ks[done], top_ps[done], min_ps[done], total[done], vocab)
+        picked = _inverse_cdf(vals * keep_sorted, uniforms[done])
+        token_ids[done] = ords.gather(1, picked.unsqueeze(1)).squeeze(1)
+        keep[done] = torch.zeros(len(done), vocab, dtype=torch.bool, device=probs.device).scatter_(1, ords, keep_sorted)
+        rows = rows[~inside]
+        cand *= _CANDIDATE_GROWTH
     return token_ids, keep
 
 
