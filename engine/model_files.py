@@ -18,13 +18,14 @@ fp32 is what the GGUF loader gives, so the converted model is bit-identical to i
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from grammar.vocab import formcast_cache_dir
 
@@ -64,13 +65,33 @@ def default_model_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     if is_complete_model_dir(target):
         return target
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}.tmp-", dir=root))
-    try:
-        convert_gguf(gguf_path(), tmp)
-        _publish(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with _conversion_lock(root / f".{MODEL_NAME}.lock"):
+        if is_complete_model_dir(target):  # another process converted it while we waited
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}.tmp-", dir=root))
+        try:
+            convert_gguf(gguf_path(), tmp)
+            _publish(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+@contextlib.contextmanager
+def _conversion_lock(path: Path) -> Iterator[None]:
+    """Serialize conversions across processes (e.g. pytest-xdist workers) so the 40 s job runs
+    once. Correctness does not depend on it: publishing is atomic either way."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: concurrent conversions just race, the first rename wins
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def is_complete_model_dir(folder: Path) -> bool:

@@ -131,3 +131,24 @@ def test_publish_keeps_the_winner_of_a_race(tmp_path):
 def test_missing_folder_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_model_and_tokenizer(tmp_path / "nope")
+
+
+def test_conversion_flow_with_a_fake_converter(tmp_path, monkeypatch):
+    """default_model_dir in a fresh cache: converts once into a temp folder, publishes, reuses."""
+    calls = []
+
+    def fake_convert(gguf, out_dir):
+        calls.append(out_dir)
+        assert out_dir.parent == tmp_path and out_dir.name.startswith(".")  # a temp sibling
+        for f in model_files._REQUIRED_FILES:
+            (out_dir / f).write_text("{}")
+        (out_dir / model_files._COMPLETE_MARKER).write_text(model_files._LAYOUT_VERSION)
+
+    monkeypatch.setattr(model_files, "convert_gguf", fake_convert)
+    first = default_model_dir(cache_dir=tmp_path)
+    assert first == tmp_path / model_files.MODEL_NAME and is_complete_model_dir(first)
+    assert default_model_dir(cache_dir=tmp_path) == first and len(calls) == 1
+    assert not calls[0].exists()  # the temp folder was renamed into place
+    (first / model_files._COMPLETE_MARKER).write_text("0")  # an older layout is rebuilt
+    assert default_model_dir(cache_dir=tmp_path) == first and len(calls) == 2
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == [model_files.MODEL_NAME]

@@ -24,3 +24,13 @@ def test_transformers_does_not_see_hf_kernels():
 
     transformers_utils = pytest.importorskip("transformers.utils")
     assert transformers_utils.is_kernels_available() is False
+
+
+def test_grammar_imports_neither_torch_nor_transformers():
+    """grammar/ must run where torch is absent; tokenizer objects are only passed in."""
+    import subprocess
+    import sys
+
+    code = "import sys, grammar, grammar.vocab; print(sorted(m for m in ('torch', 'transformers', 'engine', 'kernels') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
