@@ -292,3 +292,30 @@ def test_penalty_state_merge_with_neutral() -> None:
     logits = torch.zeros(3, V)
     merged.apply(logits)
     assert logits[0, 1] == -1.0 and (logits[1:] == 0).all()
+
+
+def test_min_new_tokens_suppresses_stops_until_reached() -> None:
+    logits = torch.zeros(2, V)
+    logits[:, 3] = 50.0  # EOS is overwhelmingly likely
+    logits[:, 9] = 40.0  # a stop_token_id
+    params = [SamplingParams(temperature=0.0, min_new_tokens=2, stop_token_ids=[9]), SamplingParams(temperature=0.0, min_new_tokens=2, ignore_eos=True)]
+    info = SamplingBatchInfo.from_params(params, V, output_ids=[[], [1]], eos_token_ids=[3])
+    assert info.min_tokens_left == [2, 1] and info.min_tokens_stop_ids == [[3, 9], []]
+    sampler = Sampler()
+    first = sampler.sample(logits.clone(), info).next_token_ids.tolist()
+    assert first[0] not in (3, 9) and first[1] == 3  # ignore_eos: EOS is not a stop here
+    info.update_penalties(torch.tensor(first))
+    assert sampler.sample(logits.clone(), info).next_token_ids[0] not in (3, 9)
+    info.update_penalties(torch.tensor(first))
+    assert info.min_tokens_left == [0, 0]
+    assert sampler.sample(logits.clone(), info).next_token_ids[0] == 3
+
+
+def test_min_new_tokens_yields_to_a_grammar_that_only_allows_a_stop() -> None:
+    info = SamplingBatchInfo.from_params([SamplingParams(min_new_tokens=5, regex="r")], V, eos_token_ids=[3])
+    allowed = np.zeros(V, dtype=bool)
+    allowed[3] = True
+    _set_mask(info, 0, allowed)
+    out = Sampler().sample(_logits(1), info)
+    assert out.next_token_ids.tolist() == [3] and not out.finished_no_allowed_token.any()
+    assert info.filter([0]).merge(info).min_tokens_left == [5, 5]

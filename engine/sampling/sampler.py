@@ -1,7 +1,8 @@
 """``Sampler``: logits [B, V] + ``SamplingBatchInfo`` -> next token ids and logprobs.
 
 One pipeline, in a fixed order (CONVENTIONS.md 7):
-  raw logprobs (if asked) -> grammar bitmask -> rows with no allowed token are set aside
+  raw logprobs (if asked) -> grammar bitmask -> min_new_tokens (stop ids masked)
+  -> rows with no allowed token are set aside
   -> penalties -> greedy argmax | temperature -> softmax -> top-k -> top-p -> min-p -> draw.
 
 Truncation semantics (as Hugging Face's warpers and vLLM): top-k keeps the k most likely tokens;
@@ -54,6 +55,7 @@ class Sampler:
         if info.vocab_mask is not None:
             rows = info.grammar_row_indices()
             apply_token_bitmask_inplace(logits, info.vocab_mask, indices=rows, vocab_size=info.vocab_size)
+        _suppress_early_stops(logits, info)
         dead = torch.isneginf(logits.amax(dim=-1))
         if bool(dead.any()):
             logits[dead] = 0.0  # keep the row finite; its token is replaced by NO_TOKEN below
@@ -126,6 +128,20 @@ class Sampler:
         processed[out.finished_no_allowed_token] = float("-inf")
         chosen, ids, values = gather_logprobs(processed, out.next_token_ids, max(info.top_logprobs_nums))
         out.logprobs, out.top_logprobs_ids, out.top_logprobs_values = chosen, ids, values
+
+
+def _suppress_early_stops(logits: torch.Tensor, info: SamplingBatchInfo) -> None:
+    """Mask stop/EOS ids on rows short of ``min_new_tokens``, unless that leaves the row no token
+    (the grammar allows only a stop: the grammar wins)."""
+    for row, left in enumerate(info.min_tokens_left):
+        stop_ids = info.min_tokens_stop_ids[row] if left > 0 else None
+        if not stop_ids:
+            continue
+        ids = torch.tensor(stop_ids, device=logits.device)
+        saved = logits[row, ids].clone()
+        logits[row, ids] = float("-inf")
+        if bool(torch.isneginf(logits[row].amax())):
+            logits[row, ids] = saved
 
 
 def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -55,6 +55,9 @@ class SamplingBatchInfo:
     top_logprobs_nums: list[int]
     raw_logprobs: list[bool]  # logprobs_mode == "raw"
     grammar_rows: list[bool]
+    # min_new_tokens: stop/EOS ids suppressed while a row still owes tokens (see update_penalties).
+    min_tokens_left: list[int] = field(default_factory=list)
+    min_tokens_stop_ids: list[list[int]] = field(default_factory=list)
     vocab_mask: torch.Tensor | None = None  # int32 [B, W] on the CPU; filled by grammar matchers
     penalties: PenaltyState | None = None
     # Fast-path flags, derived in __post_init__.
@@ -85,12 +88,15 @@ class SamplingBatchInfo:
         has_grammar: Sequence[bool] | None = None,
         prompt_ids: Sequence[Sequence[int]] | None = None,
         output_ids: Sequence[Sequence[int]] | None = None,
+        eos_token_ids: Sequence[int] = (),
     ) -> SamplingBatchInfo:
         """Build the batch form of ``params``.
 
         ``generators``: the requests' own generators (default: fresh ones from ``sampling_seed``).
         ``has_grammar``: which rows carry a live grammar matcher (default: rows whose params name
-        a grammar). ``prompt_ids``/``output_ids``: tokens so far, for the penalties' counts.
+        a grammar). ``prompt_ids``/``output_ids``: tokens so far, for the penalties' counts and
+        ``min_new_tokens``. ``eos_token_ids``: suppressed, with each row's ``stop_token_ids``,
+        until the row has generated ``min_new_tokens`` (unless that would leave no token).
         """
         device = torch.device(device)
         f32 = lambda xs: torch.tensor(xs, dtype=torch.float32, device=device)  # noqa: E731
@@ -118,6 +124,13 @@ class SamplingBatchInfo:
             top_logprobs_nums=[int(p.top_logprobs_num) for p in params],
             raw_logprobs=[p.logprobs_mode == "raw" for p in params],
             grammar_rows=grammar_rows,
+            min_tokens_left=[
+                max(0, p.min_new_tokens - (len(output_ids[i]) if output_ids is not None else 0))
+                for i, p in enumerate(params)
+            ],
+            min_tokens_stop_ids=[
+                sorted(set(p.stop_token_ids or []) | (set() if p.ignore_eos else set(eos_token_ids))) for p in params
+            ],
             vocab_mask=_allocate_mask(len(params), vocab_size, device) if any(grammar_rows) else None,
             penalties=penalties,
         )
@@ -139,9 +152,12 @@ class SamplingBatchInfo:
     # --- batch changes ----------------------------------------------------------------------
 
     def update_penalties(self, output_ids: torch.Tensor) -> None:
-        """Count this step's sampled tokens (one per row; ids < 0 are skipped)."""
+        """Record this step's sampled tokens (one per row; ids < 0 are skipped): penalty counts
+        and the rows' remaining ``min_new_tokens``."""
         if self.penalties is not None:
             self.penalties.update(output_ids)
+        ids = output_ids.tolist()
+        self.min_tokens_left = [left - 1 if left > 0 and t >= 0 else left for left, t in zip(self.min_tokens_left, ids)]
 
     def filter(self, keep_indices: Sequence[int] | torch.Tensor) -> SamplingBatchInfo:
         """A new batch with the rows ``keep_indices``, in that order."""
@@ -165,6 +181,8 @@ class SamplingBatchInfo:
             top_logprobs_nums=pick(self.top_logprobs_nums),
             raw_logprobs=pick(self.raw_logprobs),
             grammar_rows=grammar_rows,
+            min_tokens_left=pick(self.min_tokens_left),
+            min_tokens_stop_ids=pick(self.min_tokens_stop_ids),
             vocab_mask=mask,
             penalties=None if self.penalties is None else self.penalties.filter(keep),
         )
@@ -198,6 +216,8 @@ class SamplingBatchInfo:
             top_logprobs_nums=self.top_logprobs_nums + other.top_logprobs_nums,
             raw_logprobs=self.raw_logprobs + other.raw_logprobs,
             grammar_rows=grammar_rows,
+            min_tokens_left=self.min_tokens_left + other.min_tokens_left,
+            min_tokens_stop_ids=self.min_tokens_stop_ids + other.min_tokens_stop_ids,
             vocab_mask=mask,
             penalties=penalties,
         )
