@@ -29,13 +29,28 @@ TEXT = st.one_of(
 _SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-def _check_round_trip(tokenizer, vocab: TokenVocabulary, s: str, prefix: bytes = b"") -> None:
+def _check_round_trip(tokenizer, vocab: TokenVocabulary, s: str, prefix: bytes = b"") -> bool:
+    """Returns whether the check applied (False: the tokenizer itself is lossy on ``s``)."""
     ids = tokenizer.encode(s, add_special_tokens=False)
     ids = ids.ids if hasattr(ids, "ids") else ids  # a bare tokenizers.Tokenizer returns an Encoding
     if tokenizer.decode(ids) != s:
-        return  # lossy for this text (normalization, <unk>): no byte-exact claim to check
+        return False  # lossy for this text (normalization, <unk>): no byte-exact claim to check
     expected = (prefix if s else b"") + s.encode()  # no dummy prefix on empty text
     assert vocab.decode_bytes(ids) == expected, (s, ids)
+    return True
+
+
+_PLAIN = ["hello world", "the quick 🎉 fox", "日本語 12345", "café\n\tx", '{"a": [1, 2]}']
+
+
+@pytest.mark.parametrize("name, prefix", [("smollm2", b""), ("qwen2", b""), ("sp_llama", b" "), ("sp_metaspace", b""), ("sp_unigram", b" ")])
+def test_round_trip_oracle_is_not_vacuous(request, name, prefix):
+    """The hypothesis tests skip lossy texts; make sure ordinary texts are checked on every tokenizer."""
+    if name.startswith("sp_"):
+        tok, v = request.getfixturevalue(name)
+    else:
+        tok, v = request.getfixturevalue(f"{name}_tokenizer"), request.getfixturevalue(f"{name}_vocab")
+    assert all(_check_round_trip(tok, v, s, prefix) for s in _PLAIN)
 
 
 # --- SmolLM2 (ByteLevel BPE) -------------------------------------------------------------------
@@ -141,6 +156,42 @@ def _sentencepiece_tokenizer(style: str):
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
     tok.add_tokens([AddedToken("<tool_call>", special=False, normalized=False)])
     return tok
+
+
+def _unigram_tokenizer():
+    """A SentencePiece Unigram (T5/XLM-style Metaspace, ``prepend_scheme="always"``) with byte fallback."""
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import Unigram
+
+    learned = json.loads(_sentencepiece_tokenizer("metaspace").to_str())["model"]["vocab"]
+    pieces = [p for p in sorted(learned, key=learned.get) if not p.startswith("<")]
+    vocab = [("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0)] + [(f"<0x{b:02X}>", 0.0) for b in range(256)]
+    vocab += [(p, -1.0 - 10.0 / len(p)) for p in pieces]  # longer pieces score higher
+    tok = Tokenizer(Unigram(vocab, unk_id=0, byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always")
+    tok.decoder = decoders.Sequence([decoders.Metaspace(prepend_scheme="always"), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
+    return tok
+
+
+@pytest.fixture(scope="module")
+def sp_unigram(tmp_path_factory):
+    tok = _unigram_tokenizer()
+    return tok, TokenVocabulary.from_tokenizer(tok, eos_token_ids=[2], cache_dir=tmp_path_factory.mktemp("v"))
+
+
+@_SETTINGS
+@given(s=TEXT)
+def test_sentencepiece_unigram_round_trip(sp_unigram, s):
+    tok, v = sp_unigram
+    _check_round_trip(tok, v, s, prefix=b" ")
+
+
+def test_unigram_byte_fallback_pieces(sp_unigram):
+    tok, v = sp_unigram
+    assert v.token_bytes[3 + 0xE6] == b"\xe6" and v.special_token_ids == {0, 1, 2}
+    ids = tok.encode("日").ids
+    assert v.decode_bytes(ids) == " 日".encode() and any(3 <= i < 259 for i in ids)
 
 
 @pytest.fixture(scope="module")
