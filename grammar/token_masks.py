@@ -160,19 +160,44 @@ class TokenMaskComputer:
         for (key, c), qs in groups.items():
             sel = big & np.isin(states, qs)
             settled |= sel
-            lo, hi = level.tok_lo[nodes[sel]], level.tok_hi[nodes[sel]]
-            counts = hi - lo
-            owner = np.repeat(np.arange(len(lo)), counts)
-            tokpos = lo[owner] + (np.arange(int(counts.sum())) - (np.cumsum(counts) - counts)[owner])
-            longer = trie.sorted_len[tokpos] > pos  # tokens ending at the node were counted already
-            tokpos, tok_state = tokpos[longer], states[sel][owner[longer]]
-            ok = (self._stay_for(key, canon[key])[c, tokpos] & bit) != 0
-            allowed[trie.sorted_ids[tokpos[ok]]] = True
-            rest = ~ok
-            if rest.any():
-                survived = self._simulate(automaton, tokpos[rest], tok_state[rest], pos)
-                allowed[trie.sorted_ids[tokpos[rest][survived]]] = True
+            lo, hi, sel_states = level.tok_lo[nodes[sel]], level.tok_hi[nodes[sel]], states[sel]
+            stay = self._stay_for(key, canon[key])
+            if int((hi - lo).sum()) * 8 > len(trie.sorted_len):
+                self._settle_dense(automaton, lo, hi, sel_states, stay, c, pos, allowed)
+            else:
+                self._settle_sparse(automaton, lo, hi, sel_states, stay, c, pos, allowed)
         return nodes[~settled], states[~settled]
+
+    def _settle_sparse(self, automaton, lo, hi, sel_states, stay, c: int, pos: int, allowed) -> None:
+        trie = self.trie
+        counts = hi - lo
+        owner = np.repeat(np.arange(len(lo)), counts)
+        tokpos = lo[owner] + (np.arange(int(counts.sum())) - (np.cumsum(counts) - counts)[owner])
+        longer = trie.sorted_len[tokpos] > pos  # tokens ending at the node were counted already
+        tokpos, tok_state = tokpos[longer], sel_states[owner[longer]]
+        ok = (stay[c, tokpos] & np.uint32(1 << pos)) != 0
+        allowed[trie.sorted_ids[tokpos[ok]]] = True
+        rest = ~ok
+        if rest.any():
+            survived = self._simulate(automaton, tokpos[rest], tok_state[rest], pos)
+            allowed[trie.sorted_ids[tokpos[rest][survived]]] = True
+
+    def _settle_dense(self, automaton, lo, hi, sel_states, stay, c: int, pos: int, allowed) -> None:
+        """Same as the sparse path, with whole-vocabulary boolean ops: cheaper for big ranges."""
+        trie = self.trie
+        n = len(trie.sorted_len)
+        edges = np.zeros(n + 1, dtype=np.int32)
+        edges[lo] += 1
+        edges[hi] -= 1
+        covered = np.cumsum(edges[:n]) > 0
+        covered &= trie.sorted_len > pos
+        inside = (stay[c] & np.uint32(1 << pos)) != 0
+        allowed[trie.sorted_ids[covered & inside]] = True
+        rest = np.flatnonzero(covered & ~inside)
+        if len(rest):
+            tok_state = sel_states[np.searchsorted(lo, rest, side="right") - 1]
+            survived = self._simulate(automaton, rest, tok_state, pos)
+            allowed[trie.sorted_ids[rest[survived]]] = True
 
     def _simulate(self, automaton, tokpos: np.ndarray, states: np.ndarray, pos: int) -> np.ndarray:
         """Token-major: do these tokens' bytes from ``pos`` on survive from ``states``?"""
