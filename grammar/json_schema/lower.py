@@ -25,7 +25,7 @@ from .objects import object_expr
 from .refs import resolve_pointer
 from .strings import any_string, string_literal
 
-MAX_WORK = 200_000  # schema nodes visited: bounds reference bombs and combinatorial allOf/anyOf
+MAX_WORK = 50_000  # schema nodes visited: bounds reference bombs and combinatorial allOf/anyOf
 MAX_BRANCHES = 512  # alternatives produced by one anyOf/oneOf/dependency distribution
 
 
@@ -240,6 +240,8 @@ class Lowerer:
         if neg is True:
             return False, []
         keys = set(neg) - ANNOTATIONS
+        if not keys:  # not {} rejects everything
+            return False, []
         if keys == {"type"}:
             types = _effective_types(schema) - _effective_types(neg)
             if "integer" in _effective_types(neg) and "number" in types:

@@ -51,13 +51,15 @@ def number_expr(schema: dict, pointer: str, integer: bool, refuse: Refuse) -> ir
         ilo, ihi = numbers.integer_bounds(lo, lo_x, hi, hi_x)
         if ilo is not None and ihi is not None and ilo > ihi:
             return ir.NOTHING
-        if step is None:
-            return numbers.int_range(ilo, ihi)
         # An integer n is a multiple of p/q (reduced) iff p divides n.
-        k = step.numerator
+        k = 1 if step is None else step.numerator
         expr = numbers.int_range(ilo, ihi) if k == 1 else numbers.integer_multiples(k, ilo, ihi, pointer)
-        if not integer:  # a number that is a multiple of an integer is integral: allow "10.0"
-            expr = ir.seq(expr, ir.optional(ir.seq(ir.literal("."), ir.plus(ir.literal("0")))))
+        # JSON Schema integers are values, not spellings: 10.0 is an integer (json.dumps of a float),
+        # and so is 1e+16 when unbounded (a positive exponent on an integral mantissa). Integral
+        # values spelled with fraction digits and an exponent (1.5e1) are rejected: a restriction.
+        expr = ir.seq(expr, ir.optional(ir.seq(ir.literal("."), ir.plus(ir.literal("0")))))
+        if ilo is None and ihi is None and k == 1:
+            expr = ir.seq(expr, ir.optional(ir.seq(ir.char_class([(0x45, 0x45), (0x65, 0x65)]), ir.optional(ir.literal("+")), ir.plus(numbers.DIGIT))))
         return expr
     places = None
     if step is not None:
