@@ -19,8 +19,12 @@ from dataclasses import dataclass, field
 from . import ir
 from .errors import GrammarBudgetError, GrammarError
 
-# Non-recursive rules whose inlined fragment stays under this many states are copied into callers.
+# A non-recursive rule referenced once is copied into its caller up to this many states.
 INLINE_MAX_STATES = 300
+# A subexpression that occurs more than once and needs at least this many states is built once,
+# as a rule of its own, and called (its return address goes on the parser stack) instead of
+# being copied: front ends repeat big pieces (string bodies, whitespace, any-JSON values).
+SHARE_MIN_STATES = 16
 
 
 @dataclass
@@ -88,11 +92,15 @@ class _Builder:
         self._size_memo: dict[int, int] = {}
         self._inline_memo: dict[str, bool] = {}
         self.pending: list[str] = []  # rules allocated but not yet built (no recursion per rule)
+        self.occurrences, self.ref_counts = _count_occurrences(grammar)
+        self.shared_rules: dict[ir.Expr, str] = {}
+        self.bodies: dict[str, ir.Expr] = dict(grammar.rules)
 
     # -- states and edges
     def new_state(self) -> int:
         nfa = self.nfa
-        if len(nfa.eps) >= self.max_states:
+        n = len(nfa.eps)
+        if n >= self.max_states:
             raise GrammarBudgetError(
                 f"grammar needs more than {self.max_states} automaton states (raise CompileBudget.max_nfa_states)"
             )
@@ -100,7 +108,7 @@ class _Builder:
         nfa.byte_edges.append([])
         nfa.calls.append([])
         nfa.final_rule.append(-1)
-        return len(nfa.eps) - 1
+        return n
 
     def rule(self, name: str) -> int:
         """Index of rule ``name``, building its fragment on first use."""
@@ -121,48 +129,82 @@ class _Builder:
         while self.pending:
             name = self.pending.pop()
             idx = self.rule_index[name]
-            self.build(self.grammar.rules[name], self.nfa.rule_start[idx], self.nfa.rule_final[idx])
+            self.build(self.bodies[name], self.nfa.rule_start[idx], self.nfa.rule_final[idx], body=True)
 
     # -- Thompson construction with an explicit work list (no recursion limit on deep IR)
-    def build(self, expr: ir.Expr, start: int, end: int) -> None:
-        work: list[tuple[ir.Expr, int, int]] = [(expr, start, end)]
+    def build(self, expr: ir.Expr, start: int, end: int, body: bool = False) -> None:
+        work: list[tuple[ir.Expr, int, int]] = []
+        if body:  # a rule's own body is built in place, never turned into a call to itself
+            self._dispatch[type(expr)](self, expr, start, end, work)
+        else:
+            work.append((expr, start, end))
         while work:
             e, s, t = work.pop()
             self._build_one(e, s, t, work)
 
     def _build_one(self, e: ir.Expr, s: int, t: int, work: list) -> None:
-        nfa = self.nfa
-        if isinstance(e, ir.Empty):
-            nfa.eps[s].append(t)
-        elif isinstance(e, ir.Nothing):
-            pass
-        elif isinstance(e, ir.Literal):
-            cur = s
-            for i, byte in enumerate(e.data):
-                nxt = t if i == len(e.data) - 1 else self.new_state()
-                nfa.byte_edges[cur].append((byte, byte, nxt))
-                cur = nxt
-        elif isinstance(e, ir.ByteClass):
-            nfa.byte_edges[s].extend((lo, hi, t) for lo, hi in e.ranges)
-        elif isinstance(e, ir.CharClass):
-            self._build_char_class(e, s, t)
-        elif isinstance(e, ir.Seq):
-            cur = s
-            for i, item in enumerate(e.items):
-                nxt = t if i == len(e.items) - 1 else self.new_state()
-                work.append((item, cur, nxt))
-                cur = nxt
-        elif isinstance(e, ir.Choice):
-            work.extend((item, s, t) for item in e.items)
-        elif isinstance(e, ir.Repeat):
-            self._build_repeat(e, s, t, work)
-        elif isinstance(e, ir.Ref):
-            if self._should_inline(e.name):
-                work.append((self.grammar.rules[e.name], s, t))
-            else:
-                nfa.calls[s].append((self.rule(e.name), t))
-        else:  # pragma: no cover - IR is closed
-            raise TypeError(f"unknown IR node {e!r}")
+        kind = type(e)
+        if kind in _SHAREABLE and self.occurrences.get(e, 0) > 1 and self.size(e) >= SHARE_MIN_STATES:
+            name = self.shared_rules.get(e)
+            if name is None:
+                name = self.shared_rules[e] = f"__shared{len(self.shared_rules)}"
+                self.bodies[name] = e
+            self.nfa.calls[s].append((self.rule(name), t))
+            return
+        self._dispatch[kind](self, e, s, t, work)
+
+    def _empty(self, e: ir.Empty, s: int, t: int, work: list) -> None:
+        self.nfa.eps[s].append(t)
+
+    def _nothing(self, e: ir.Nothing, s: int, t: int, work: list) -> None:
+        pass
+
+    def _literal(self, e: ir.Literal, s: int, t: int, work: list) -> None:
+        edges = self.nfa.byte_edges
+        cur = s
+        last = len(e.data) - 1
+        for i, byte in enumerate(e.data):
+            nxt = t if i == last else self.new_state()
+            edges[cur].append((byte, byte, nxt))
+            cur = nxt
+
+    def _byte_class(self, e: ir.ByteClass, s: int, t: int, work: list) -> None:
+        self.nfa.byte_edges[s].extend((lo, hi, t) for lo, hi in e.ranges)
+
+    def _char_class(self, e: ir.CharClass, s: int, t: int, work: list) -> None:
+        self._build_char_class(e, s, t)
+
+    def _seq(self, e: ir.Seq, s: int, t: int, work: list) -> None:
+        cur = s
+        last = len(e.items) - 1
+        for i, item in enumerate(e.items):
+            nxt = t if i == last else self.new_state()
+            work.append((item, cur, nxt))
+            cur = nxt
+
+    def _choice(self, e: ir.Choice, s: int, t: int, work: list) -> None:
+        work.extend((item, s, t) for item in e.items)
+
+    def _repeat(self, e: ir.Repeat, s: int, t: int, work: list) -> None:
+        self._build_repeat(e, s, t, work)
+
+    def _ref(self, e: ir.Ref, s: int, t: int, work: list) -> None:
+        if self._should_inline(e.name):
+            work.append((self.grammar.rules[e.name], s, t))
+        else:
+            self.nfa.calls[s].append((self.rule(e.name), t))
+
+    _dispatch = {
+        ir.Empty: _empty,
+        ir.Nothing: _nothing,
+        ir.Literal: _literal,
+        ir.ByteClass: _byte_class,
+        ir.CharClass: _char_class,
+        ir.Seq: _seq,
+        ir.Choice: _choice,
+        ir.Repeat: _repeat,
+        ir.Ref: _ref,
+    }
 
     def _build_char_class(self, e: ir.CharClass, s: int, t: int) -> None:
         nfa = self.nfa
@@ -237,9 +279,36 @@ class _Builder:
             self._inline_memo[name] = False
             return False
         self._inline_memo[name] = False  # provisional, guards re-entry while sizing
-        ok = self.size(self.grammar.rules[name]) <= INLINE_MAX_STATES
+        size = self.size(self.grammar.rules[name])
+        ok = size < SHARE_MIN_STATES or (self.ref_counts.get(name, 0) <= 1 and size <= INLINE_MAX_STATES)
         self._inline_memo[name] = ok
         return ok
+
+
+_SHAREABLE = (ir.Seq, ir.Choice, ir.Repeat)
+
+
+def _count_occurrences(grammar: ir.Grammar) -> tuple[dict[ir.Expr, int], dict[str, int]]:
+    """How often each composite subexpression (by value) and each rule reference occurs."""
+    counts: dict[ir.Expr, int] = {}
+    refs: dict[str, int] = {}
+    seen: set[int] = set()
+    stack: list[ir.Expr] = list(grammar.rules.values())
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        children = e.items if isinstance(e, (ir.Seq, ir.Choice)) else (e.item,) if isinstance(e, ir.Repeat) else ()
+        for child in children:
+            if isinstance(child, _SHAREABLE):
+                counts[child] = counts.get(child, 0) + 1
+                stack.append(child)
+            elif isinstance(child, ir.Ref):
+                refs[child.name] = refs.get(child.name, 0) + 1
+        if isinstance(e, ir.Ref):
+            refs[e.name] = refs.get(e.name, 0) + 1
+    return counts, refs
 
 
 def _rules_on_cycles(grammar: ir.Grammar) -> set[str]:

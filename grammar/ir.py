@@ -50,23 +50,46 @@ class CharClass:
     ranges: tuple[tuple[int, int], ...]
 
 
-@dataclass(frozen=True)
-class Seq:
+class _CachedHash:
+    """Composite nodes hash their whole subtree; front ends build DAGs with heavy sharing, so the
+    hash is computed once per node instead of once per lookup."""
+
+    __slots__ = ()
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((type(self).__name__,) + tuple(getattr(self, f) for f in self.__dataclass_fields__))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:
+        # String hashes differ between processes: never carry a cached one across pickling.
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
+
+
+@dataclass(frozen=True, eq=True)
+class Seq(_CachedHash):
     items: tuple["Expr", ...]
+    __hash__ = _CachedHash.__hash__
 
 
-@dataclass(frozen=True)
-class Choice:
+@dataclass(frozen=True, eq=True)
+class Choice(_CachedHash):
     items: tuple["Expr", ...]
+    __hash__ = _CachedHash.__hash__
 
 
-@dataclass(frozen=True)
-class Repeat:
+@dataclass(frozen=True, eq=True)
+class Repeat(_CachedHash):
     """``item`` repeated ``min`` to ``max`` times (``max=None``: unbounded)."""
 
     item: "Expr"
     min: int
     max: int | None
+    __hash__ = _CachedHash.__hash__
 
 
 @dataclass(frozen=True)
@@ -103,10 +126,14 @@ class Grammar:
 
 
 def iter_refs(expr: Expr) -> Iterable[str]:
-    """Names of the rules ``expr`` references directly."""
+    """Names of the rules ``expr`` references directly (shared subtrees are visited once)."""
     stack = [expr]
+    seen: set[int] = set()
     while stack:
         e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
         if isinstance(e, Ref):
             yield e.name
         elif isinstance(e, (Seq, Choice)):
