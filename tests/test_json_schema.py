@@ -136,6 +136,10 @@ def test_objects_properties_required_additional():
 def test_object_counts_patterns_names():
     props = {"type": "object", "properties": {k: {"type": "integer"} for k in "abcd"}, "additionalProperties": False}
     check({**props, "minProperties": 2, "maxProperties": 3}, valid=[{"a": 1, "b": 2}, {"a": 1, "c": 2, "d": 3}], invalid=[{"a": 1}, {"a": 1, "b": 2, "c": 3, "d": 4}, {}])
+    check({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2},
+          valid=[{"a": 1}, {"a": 1, "b": 2}], invalid=[{}, {"a": 1, "b": 2, "c": 3}, {"a": "s"}])
+    check({"type": "object", "properties": {"n": {"type": "string"}}, "minProperties": 2},
+          valid=[{"n": "s", "x": 1}, {"x": 1, "y": 2, "z": 3}, {"n": "s", "x": 1, "y": None}], invalid=[{"n": "s"}, {"x": 1}, {}])
     check({"type": "object", "patternProperties": {"^x-": {"type": "integer"}}, "additionalProperties": False},
           valid=[{}, {"x-a": 1, "x-b": 2}], invalid=[{"y": 1}, {"x-a": "s"}])
     check({"type": "object", "propertyNames": {"enum": ["p", "q"]}}, valid=[{"p": 1}, {"p": 1, "q": []}], invalid=[{"r": 1}])
@@ -167,6 +171,9 @@ def test_refs_and_recursion():
     tree = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
                                 "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"}
     check(tree, valid=[{"v": 1}, {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]}], invalid=[{"v": 1, "kids": [{}]}, {"kids": []}])
+    check({"definitions": {"c": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#/definitions/c"}, {"type": "null"}]}},
+                                 "required": ["v", "next"], "additionalProperties": False}}, "$ref": "#/definitions/c"},
+          valid=[{"v": 1, "next": None}, {"v": 1, "next": {"v": 2, "next": None}}], invalid=[{"v": 1, "next": {"v": 2}}])
     check({"definitions": {"s": {"type": "string"}}, "properties": {"a": {"$ref": "#/definitions/s"}}, "type": "object"}, valid=[{"a": "x"}], invalid=[{"a": 1}])
     check({"$id": "https://ex.com/root", "$defs": {"p": {"$id": "pos", "type": "integer", "minimum": 0}}, "$ref": "pos"}, valid=[3], invalid=[-3])
     check({"$defs": {"p": {"$anchor": "here", "type": "boolean"}}, "$ref": "#here"}, valid=[True], invalid=[1])

@@ -19,6 +19,7 @@ Decisions worth knowing (measured against MaskBench in tests/data/maskbench_json
 
 from __future__ import annotations
 
+import sys
 from typing import Iterable
 
 from .. import ir
@@ -51,7 +52,12 @@ def json_schema_to_grammar(
     raw, validator_cls = load_schema(schema)
     doc = normalize_refs(raw)
     lowerer = Lowerer(doc, validator_cls, layout, strict_properties, relax_keywords)
-    body = lowerer.value(doc, "", 0)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20_000))  # the walker recurses once per nested subschema
+    try:
+        body = lowerer.value(doc, "", 0)
+    finally:
+        sys.setrecursionlimit(limit)
     if isinstance(body, ir.Nothing):
         raise SchemaError("schema is unsatisfiable: no JSON value is valid against it")
     rules: dict[str, ir.Expr] = {"root": ir.seq(layout.outer(), body, layout.outer())}

@@ -26,7 +26,8 @@ from .refs import resolve_pointer
 from .strings import any_string, string_literal
 
 MAX_WORK = 50_000  # schema nodes visited: bounds reference bombs and combinatorial allOf/anyOf
-MAX_BRANCHES = 512  # alternatives produced by one anyOf/oneOf/dependency distribution
+MAX_BRANCHES = 512
+MAX_NESTING = 150  # nested subschemas being lowered at once (each level is a few Python frames)  # alternatives produced by one anyOf/oneOf/dependency distribution
 
 
 class Lowerer:
@@ -41,6 +42,7 @@ class Lowerer:
         self._work = 0
         self._fresh = 0
         self._building: set[str] = set()
+        self._nesting = 0
 
     # ---------------------------------------------------------------- helpers
     def refuse(self, keyword: str, pointer: str, why: str = "") -> None:
@@ -87,6 +89,17 @@ class Lowerer:
 
     # ---------------------------------------------------------------- entry
     def value(self, schema: Any, ptr: str, depth: int) -> ir.Expr:
+        self._nesting += 1
+        try:
+            if self._nesting > MAX_NESTING:
+                raise GrammarBudgetError(
+                    f"schema nesting deeper than {MAX_NESTING} at {ptr or '/'} (a recursive $ref inlined through allOf/anyOf siblings?)"
+                )
+            return self._value(schema, ptr, depth)
+        finally:
+            self._nesting -= 1
+
+    def _value(self, schema: Any, ptr: str, depth: int) -> ir.Expr:
         self._tick()
         if self.layout.depth_sensitive and depth > MAX_INDENT_DEPTH:
             return ir.NOTHING
@@ -154,6 +167,12 @@ class Lowerer:
     def branches(self, schema: dict, ptr: str, depth: int) -> ir.Expr:
         key = "anyOf" if "anyOf" in schema else "oneOf"
         base = {k: v for k, v in schema.items() if k != key}
+        if not set(base) - ANNOTATIONS - {"$defs", "definitions"}:
+            # Nothing to merge: keep branches as they are, so a $ref branch stays a rule reference
+            # (recursive schemas like {"anyOf": [{"$ref": "#"}, {"type": "null"}]}).
+            if key == "oneOf" and not self._disjoint([self.deref(b, ptr) for b in schema[key]]):
+                self.refuse("oneOf", ptr, "branches not provably disjoint")
+            return ir.choice(*(self.value(b, f"{ptr}/{key}/{i}", depth) for i, b in enumerate(schema[key])))
         merged = []
         for i, branch in enumerate(schema[key]):
             branch = self.deref(branch, f"{ptr}/{key}/{i}")

@@ -14,13 +14,15 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from .. import ir
+from ..errors import GrammarBudgetError
 from .refs import pointer_escape
 from .strings import not_in, quoted, string_literal
 
 if TYPE_CHECKING:
     from .lower import Lowerer
 
-_SHARE_ABOVE = 3  # chains longer than this get their shared states as rules
+_SHARE_ABOVE = 3
+MAX_COUNT_STATES = 4096  # chains longer than this get their shared states as rules
 
 
 def _pattern_matches(pattern: str, name: str) -> bool | None:
@@ -59,11 +61,11 @@ def object_expr(lw: "Lowerer", s: dict, ptr: str, depth: int) -> ir.Expr:
     extra_kv = _extras(lw, s, ptr, depth, set(props) | set(required), patterns, names_schema, extra)
     min_p = s.get("minProperties", 0)
     max_p = s.get("maxProperties")
-    if extra_kv is not None and (min_p > sum(r for _, _, r in entries) or max_p is not None):
-        lw.refuse("maxProperties" if max_p is not None else "minProperties", ptr, "property counts with extra keys allowed")
-        min_p, max_p = 0, None
     if max_p is not None and min_p > max_p:
         return ir.NOTHING
+    cap = max_p if max_p is not None else min_p
+    if extra_kv is not None and (len(entries) + 1) * (cap + 1) > MAX_COUNT_STATES:
+        raise GrammarBudgetError(f"minProperties/maxProperties {cap} with extra keys at {ptr or '/'} needs too many states")
     return _Chain(lw, entries, extra_kv, min_p, max_p, depth).build()
 
 
@@ -122,7 +124,7 @@ class _Chain:
 
     def __init__(self, lw: "Lowerer", entries, extra_kv, min_p: int, max_p: int | None, depth: int) -> None:
         self.lw, self.entries, self.extra_kv = lw, entries, extra_kv
-        self.counting = extra_kv is None and (min_p > 0 or max_p is not None)
+        self.counting = min_p > 0 or max_p is not None
         self.min_p, self.max_p, self.depth = min_p, max_p, depth
         layout = lw.layout
         self.sep, self.colon = layout.sep(depth), layout.colon()
@@ -143,8 +145,10 @@ class _Chain:
         if self.counting:
             if self.max_p is not None and count + self.req_after[i] > self.max_p:
                 return ir.NOTHING
-            if count + (n - i) < self.min_p:
+            if self.extra_kv is None and count + (n - i) < self.min_p:
                 return ir.NOTHING
+            if self.max_p is None:
+                count = min(count, self.min_p)  # beyond minProperties the count no longer matters
         else:
             count = 0
         key = (i, started, count)
@@ -158,21 +162,30 @@ class _Chain:
     def _extra_star(self) -> ir.Expr:
         return ir.star(ir.seq(self.sep, self.extra_kv)) if self.extra_kv is not None else ir.EMPTY
 
+    def _free(self, count: int) -> bool:
+        """Whether extra keys no longer change anything the count decides."""
+        return not self.counting or (self.max_p is None and count >= self.min_p)
+
     def _build(self, i: int, started: bool, count: int) -> ir.Expr:
         x = self.extra_kv
-        if i == len(self.entries):
-            if started:
-                return self._extra_star()
-            return ir.seq(x, self._extra_star()) if x is not None else ir.NOTHING
-        name, value, req = self.entries[i]
-        kv = ir.seq(string_literal(name), self.colon, value)
-        if started:
-            take = ir.seq(self.sep, kv, self.state(i + 1, True, count + 1))
-            skip = ir.NOTHING if req else self.state(i + 1, True, count)
-            return ir.seq(self._extra_star(), ir.choice(take, skip))
-        alts = [ir.seq(kv, self.state(i + 1, True, count + 1))]
-        if not req:
-            alts.append(self.state(i + 1, False, count))
+        n = len(self.entries)
+        done_ok = not self.counting or count >= self.min_p
+        if not started:
+            alts = [] if i == n else [ir.seq(ir.seq(string_literal(self.entries[i][0]), self.colon, self.entries[i][1]), self.state(i + 1, True, count + 1))]
+            if i < n and not self.entries[i][2]:
+                alts.append(self.state(i + 1, False, count))
+            if x is not None:
+                alts.append(ir.seq(x, self.state(i, True, count + 1)))
+            return ir.choice(*alts)
+        if x is not None and self._free(count):
+            rest = ir.EMPTY if i == n else self._named(i, count)
+            return ir.seq(self._extra_star(), rest)
+        alts = [ir.EMPTY if done_ok else ir.NOTHING] if i == n else [self._named(i, count)]
         if x is not None:
-            alts.append(ir.seq(x, self.state(i, True, count)))
+            alts.append(ir.seq(self.sep, x, self.state(i, True, count + 1)))
         return ir.choice(*alts)
+
+    def _named(self, i: int, count: int) -> ir.Expr:
+        name, value, req = self.entries[i]
+        take = ir.seq(self.sep, string_literal(name), self.colon, value, self.state(i + 1, True, count + 1))
+        return take if req else ir.choice(take, self.state(i + 1, True, count))
