@@ -36,6 +36,7 @@ class CompileBudget:
     """Limits that hostile constraints hit instead of the machine's memory or a caller's patience."""
 
     max_nfa_states: int = 2_000_000
+    max_compile_seconds: float = 20.0
     max_automaton_states: int = 250_000
     max_stack_depth: int = 50_000
     max_mask_cache_bytes: int = 512 << 20
@@ -58,7 +59,7 @@ class CompiledGrammar:
         self.vocab = vocab
         self.kind = kind
         self.source = source
-        self.nfa = build_nfa(grammar, self.budget.max_nfa_states)
+        self.nfa = build_nfa(grammar, self.budget.max_nfa_states, self.budget.max_compile_seconds)
         self.automaton = LazyAutomaton(
             self.nfa,
             AutomatonBudget(max_states=self.budget.max_automaton_states, max_stack_depth=self.budget.max_stack_depth),

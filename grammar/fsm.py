@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 from dataclasses import dataclass, field
 
 from . import ir
@@ -82,10 +83,11 @@ def _split_same_length(lo: int, hi: int, out: list[list[tuple[int, int]]]) -> No
 
 
 class _Builder:
-    def __init__(self, grammar: ir.Grammar, max_states: int) -> None:
+    def __init__(self, grammar: ir.Grammar, max_states: int, deadline: float | None = None) -> None:
         grammar.validate()
         self.grammar = grammar
         self.max_states = max_states
+        self.deadline = deadline
         self.nfa = ByteNFA()
         self.rule_index: dict[str, int] = {}
         self.recursive = _rules_on_cycles(grammar)
@@ -104,6 +106,8 @@ class _Builder:
             raise GrammarBudgetError(
                 f"grammar needs more than {self.max_states} automaton states (raise CompileBudget.max_nfa_states)"
             )
+        if n & 4095 == 0 and self.deadline is not None and time.monotonic() > self.deadline:
+            raise GrammarBudgetError("grammar compilation ran past its time budget (CompileBudget.max_compile_seconds)")
         nfa.eps.append([])
         nfa.byte_edges.append([])
         nfa.calls.append([])
@@ -396,9 +400,11 @@ def _eps_reach(nfa: ByteNFA, start: int, nullable: list[bool]) -> set[int]:
     return seen
 
 
-def build_nfa(grammar: ir.Grammar, max_states: int = 2_000_000) -> ByteNFA:
-    """Compile ``grammar`` into a :class:`ByteNFA` (raising GrammarBudgetError past ``max_states``)."""
-    builder = _Builder(grammar, max_states)
+def build_nfa(grammar: ir.Grammar, max_states: int = 2_000_000, max_seconds: float | None = None) -> ByteNFA:
+    """Compile ``grammar`` into a :class:`ByteNFA` (raising GrammarBudgetError past ``max_states``
+    states or ``max_seconds`` seconds)."""
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    builder = _Builder(grammar, max_states, deadline)
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 20_000))  # size estimates recurse over deeply nested IR
     try:

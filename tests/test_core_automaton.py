@@ -170,3 +170,9 @@ def test_bitmask_wider_than_vocab_is_zeroed_and_torch_view_works():
     bits = unpack_bitmask(row, 20 * 32)
     assert np.flatnonzero(bits).tolist() == [ord("a")]
     assert (t[0] == -1).all()
+
+
+def test_time_budget():
+    g = G(ir.repeat(ir.char_class([(0x80, 0x10FFFF)]), 0, 200_000))
+    with pytest.raises(GrammarBudgetError, match="time budget"):
+        compile_grammar(g, VOCAB, budget=CompileBudget(max_compile_seconds=0.0))
