@@ -10,7 +10,7 @@ Two implementations of the same operation (see ``grammar/bitmask.py`` for the la
   1. turns each bitmask *byte* into 8 ready-made logit caps with a 256x8 lookup table
      (``+inf`` = allowed, ``-inf`` = masked) via ``index_select`` -- 8 KiB, stays in L1;
   2. applies them with ``torch.minimum(logits, caps, out=logits)``, a vectorized in-place pass;
-  3. works in row chunks through a reused workspace, so nothing large is allocated per call.
+  3. works tile by tile through a reused workspace, so nothing large is allocated per call.
   ``min(x, +inf) == x`` bit for bit (including ``-0.0``) and ``min(x, -inf) == -inf``, so the result
   equals the reference for every non-NaN logit. A masked NaN logit stays NaN here (``minimum``
   propagates NaN) where the reference and the Triton kernel write ``-inf``.
@@ -25,9 +25,11 @@ import sys
 import torch
 
 BITS_PER_WORD = 32
-# Elements per chunk of the fast path: big enough to amortize Python overhead, small enough to
-# keep the workspace in cache-friendly territory.
-_CHUNK_ELEMENTS = 1 << 20
+# Logits per tile of the fast path: big enough that Python overhead vanishes (measured: 2^15-logit
+# tiles cost 1.6-4x more than 2^20 on one thread), small enough to keep the workspace modest.
+# Tiles above torch's grain size (32768) run on torch's intra-op threads; on an oversubscribed
+# machine those threads stall (BENCHMARKS.md), which tiles <= 2^15 would avoid at that price.
+_TILE_ELEMENTS = 1 << 20
 
 _SHIFTS = torch.arange(BITS_PER_WORD, dtype=torch.int32)
 _BYTE_BITS = (torch.arange(256, dtype=torch.int32).unsqueeze(-1) >> torch.arange(8, dtype=torch.int32)) & 1
@@ -126,7 +128,7 @@ def apply_token_bitmask_inplace_torch(
 
 
 def _apply_rows(logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int | None) -> None:
-    """Apply to every row of a contiguous 2-D ``logits``."""
+    """Apply to every row of a contiguous 2-D ``logits``, tile by tile."""
     n_rows, n_cols = logits.shape
     cols = _effective_cols(logits, bitmask, vocab_size)
     if cols < n_cols:
@@ -134,14 +136,17 @@ def _apply_rows(logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int | N
     if cols == 0 or n_rows == 0:
         return
     words = (cols + BITS_PER_WORD - 1) // BITS_PER_WORD
-    row_bytes = bitmask[:, :words].contiguous().view(torch.uint8)  # [rows, 4 * words], LSB byte first
+    mask_bytes = bitmask[:, :words].contiguous().view(torch.uint8)  # [rows, 4 * words], LSB byte first
     table = _cap_table(logits.dtype)
-    step = max(1, _CHUNK_ELEMENTS // (words * BITS_PER_WORD))
-    for start in range(0, n_rows, step):
-        stop = min(n_rows, start + step)
-        idx = row_bytes[start:stop].reshape(-1).to(torch.int32)
-        caps = _workspace(logits.dtype, idx.numel() * 8).view(-1, 8)
-        torch.index_select(table, 0, idx, out=caps)
-        caps = caps.view(stop - start, -1)[:, :cols]
-        target = logits[start:stop, :cols]
-        torch.minimum(target, caps, out=target)
+    tile_words = min(words, _TILE_ELEMENTS // BITS_PER_WORD)
+    tile_rows = max(1, _TILE_ELEMENTS // (words * BITS_PER_WORD)) if tile_words == words else 1
+    for r0 in range(0, n_rows, tile_rows):
+        r1 = min(n_rows, r0 + tile_rows)
+        for w0 in range(0, words, tile_words):
+            w1 = min(words, w0 + tile_words)
+            c0, c1 = w0 * BITS_PER_WORD, min(cols, w1 * BITS_PER_WORD)
+            idx = mask_bytes[r0:r1, 4 * w0 : 4 * w1].reshape(-1).to(torch.int32)
+            caps = _workspace(logits.dtype, idx.numel() * 8).view(-1, 8)
+            torch.index_select(table, 0, idx, out=caps)
+            target = logits[r0:r1, c0:c1]
+            torch.minimum(target, caps.view(r1 - r0, -1)[:, : c1 - c0], out=target)

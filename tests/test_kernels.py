@@ -210,3 +210,20 @@ def test_kernels_import_only_torch_and_triton() -> None:
                 continue
             for name in names:
                 assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
+
+
+@pytest.mark.parametrize("tile", [96, 2048, 70000])  # column tiles, row tiles of one row, several rows
+@pytest.mark.parametrize("vocab,logit_cols", [(1000, 1000), (1001, 1100), (32001, 32064)])
+def test_fast_path_tiling(tile: int, vocab: int, logit_cols: int, monkeypatch) -> None:
+    import kernels.bitmask_torch as bitmask_torch
+
+    monkeypatch.setattr(bitmask_torch, "_TILE_ELEMENTS", tile)
+    logits, bitmask = _random_case(5, vocab, logit_cols, torch.bfloat16, seed=tile + vocab)
+    ref = logits.clone()
+    apply_token_bitmask_inplace_reference(ref, bitmask)
+    fast = logits.clone()
+    apply_token_bitmask_inplace_torch(fast, bitmask, indices=None if tile != 2048 else [0, 2, 4])
+    if tile == 2048:
+        ref = logits.clone()
+        apply_token_bitmask_inplace_reference(ref, bitmask, [0, 2, 4])
+    assert torch.equal(_bits(ref), _bits(fast))
