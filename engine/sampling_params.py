@@ -86,7 +86,8 @@ class SamplingParams:
         """Canonical forms in place (stop -> list, top_k None -> -1, ...); returns self.
 
         With a tokenizer (anything with ``encode(text, add_special_tokens=False)``), also records
-        ``stop_str_max_len``, the longest stop string in tokens.
+        ``stop_str_max_len``, the longest stop string in tokens; without one, its UTF-8 length in
+        bytes (an upper bound for byte-level vocabularies).
         """
         if isinstance(self.stop, str):
             self.stop = [self.stop]
