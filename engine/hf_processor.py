@@ -104,9 +104,18 @@ class FormcastLogitsProcessor(LogitsProcessor):
         else:
             self.reset()  # first call of a generation: input_ids is the prompt
         self._seen_len = length
+        if scores.is_cuda and not self.bitmask.is_pinned():
+            self._pin()
         self._fill()
         apply_token_bitmask_inplace(scores, self.bitmask, vocab_size=self.vocab.vocab_size)
         return scores
+
+    def _pin(self) -> None:
+        """Page-locked bitmask so the copy to the GPU logits' device is asynchronous. Refilling it
+        next step is safe: ``generate`` reads the sampled ids back to the CPU in between, which
+        waits for the stream that copied it."""
+        self.bitmask = self.bitmask.pin_memory()
+        self._bitmask_np = self.bitmask.numpy()
 
     def _accept_last(self, last: list[int]) -> None:
         self._generated += 1
