@@ -25,11 +25,18 @@ import sys
 import torch
 
 BITS_PER_WORD = 32
-# Logits per tile of the fast path: big enough that Python overhead vanishes (measured: 2^15-logit
-# tiles cost 1.6-4x more than 2^20 on one thread), small enough to keep the workspace modest.
-# Tiles above torch's grain size (32768) run on torch's intra-op threads; on an oversubscribed
-# machine those threads stall (BENCHMARKS.md), which tiles <= 2^15 would avoid at that price.
+# Logits per tile of the fast path. With one torch thread: 2^20, big enough that Python overhead
+# vanishes (2^15 tiles measured 1.6-4x slower there). With several threads: 2^15, at torch's
+# intra-op grain size, so every op runs on the calling thread. On the 2-core shared machine of
+# BENCHMARKS.md, torch's 2-thread versions of these ops stalled 10-70x (barrier waits on a
+# descheduled worker) while one thread already beats XGrammar's single-threaded CPU kernel 2-3x;
+# predictable beats a parallel speedup that only a quiet machine delivers.
 _TILE_ELEMENTS = 1 << 20
+_TILE_ELEMENTS_THREADED = 1 << 15
+
+
+def _tile_elements() -> int:
+    return _TILE_ELEMENTS if torch.get_num_threads() == 1 else _TILE_ELEMENTS_THREADED
 
 _SHIFTS = torch.arange(BITS_PER_WORD, dtype=torch.int32)
 _BYTE_BITS = (torch.arange(256, dtype=torch.int32).unsqueeze(-1) >> torch.arange(8, dtype=torch.int32)) & 1
@@ -138,8 +145,9 @@ def _apply_rows(logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int | N
     words = (cols + BITS_PER_WORD - 1) // BITS_PER_WORD
     mask_bytes = bitmask[:, :words].contiguous().view(torch.uint8)  # [rows, 4 * words], LSB byte first
     table = _cap_table(logits.dtype)
-    tile_words = min(words, _TILE_ELEMENTS // BITS_PER_WORD)
-    tile_rows = max(1, _TILE_ELEMENTS // (words * BITS_PER_WORD)) if tile_words == words else 1
+    tile = _tile_elements()
+    tile_words = min(words, tile // BITS_PER_WORD)
+    tile_rows = max(1, tile // (words * BITS_PER_WORD)) if tile_words == words else 1
     for r0 in range(0, n_rows, tile_rows):
         r1 = min(n_rows, r0 + tile_rows)
         for w0 in range(0, words, tile_words):

@@ -218,6 +218,7 @@ def test_fast_path_tiling(tile: int, vocab: int, logit_cols: int, monkeypatch) -
     import kernels.bitmask_torch as bitmask_torch
 
     monkeypatch.setattr(bitmask_torch, "_TILE_ELEMENTS", tile)
+    monkeypatch.setattr(bitmask_torch, "_TILE_ELEMENTS_THREADED", tile)
     logits, bitmask = _random_case(5, vocab, logit_cols, torch.bfloat16, seed=tile + vocab)
     ref = logits.clone()
     apply_token_bitmask_inplace_reference(ref, bitmask)
