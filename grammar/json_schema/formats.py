@@ -63,11 +63,21 @@ FORMAT_REGEXES: dict[str, str] = {
 }
 
 
+# Formats the specification defines. One of these that we do not implement is refused; any other
+# name is not a format at all for validators (they ignore it), so it constrains nothing.
+STANDARD_FORMATS = frozenset(FORMAT_REGEXES) | {
+    "idn-email", "idn-hostname", "iri", "iri-reference", "uri-template", "json-pointer", "relative-json-pointer", "regex",
+}
+
+
 @lru_cache(maxsize=None)
-def format_expr(name: str, pointer: str = "") -> ir.Expr:
-    """Character-level IR of the strings in ``format`` ``name``; unknown formats are refused."""
+def format_expr(name: str, pointer: str = "") -> ir.Expr | None:
+    """Character-level IR of the strings in ``format`` ``name``; None for a name that is not a
+    standard format (an annotation); UnsupportedFeatureError for a standard one not implemented."""
     regex = FORMAT_REGEXES.get(name)
     if regex is None:
+        if name not in STANDARD_FORMATS:
+            return None
         raise UnsupportedFeatureError(f"format {name!r} is not enforced at {pointer or '/'} (keyword 'format')")
     from ..regex import regex_to_ir
 

@@ -25,6 +25,21 @@ _SHARE_ABOVE = 3
 MAX_COUNT_STATES = 4096  # chains longer than this get their shared states as rules
 
 
+def _small(expr: ir.Expr, budget: int = 24) -> bool:
+    """Whether ``expr`` has at most ``budget`` nodes (cheap to duplicate)."""
+    stack, seen = [expr], 0
+    while stack:
+        e = stack.pop()
+        seen += 1
+        if seen > budget:
+            return False
+        if isinstance(e, (ir.Seq, ir.Choice)):
+            stack.extend(e.items)
+        elif isinstance(e, ir.Repeat):
+            stack.append(e.item)
+    return True
+
+
 def _pattern_matches(pattern: str, name: str) -> bool | None:
     try:
         return re.search(pattern, name) is not None
@@ -130,7 +145,11 @@ class _Chain:
         self.sep, self.colon = layout.sep(depth), layout.colon()
         self.req_after = [sum(r for _, _, r in entries[i:]) for i in range(len(entries) + 1)]
         self.memo: dict[tuple[int, bool, int], ir.Expr] = {}
-        self.share = len(entries) > _SHARE_ABOVE
+        # Shared states become rules unless the whole object is tiny: inlining them duplicates
+        # every later property value once per earlier optional one (and nests exponentially).
+        self.share = len(entries) > _SHARE_ABOVE or any(not _small(v) for _, v, _ in entries)
+        if extra_kv is not None and not _small(extra_kv):
+            self.extra_kv = lw.add_rule("extra", extra_kv)
 
     def build(self) -> ir.Expr:
         layout = self.lw.layout

@@ -87,7 +87,7 @@ def string_expr(schema: dict, pointer: str, excluded: list[str], refuse: Refuse,
     if "format" in schema:
         fmt = schema["format"]
         try:
-            fexpr = format_expr(fmt, pointer)
+            fexpr = format_expr(fmt, pointer) if isinstance(fmt, str) else None
         except UnsupportedFeatureError:
             if "format" not in relaxed:
                 raise

@@ -1,0 +1,88 @@
+"""MaskBench regression ratchet for the JSON Schema front end (skipped without ../shared).
+
+A fixed sample of the dev split (every 33rd schema whose text is under 4,000 characters, about
+200) is compiled and every test instance walked byte by byte (``json.dumps(data,
+ensure_ascii=False)``). Hard rule: no invalid instance is ever accepted. Ratchet: a schema
+recorded as ``pass`` in tests/data/maskbench_json_schema.json must still pass; run with
+``FORMCAST_UPDATE_RATCHET=1`` to record improvements.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from grammar import GrammarError, TokenVocabulary
+
+DEV = Path(__file__).resolve().parents[2] / "shared/bench/maskbench/dev.jsonl.gz"
+RECORD = Path(__file__).resolve().parent / "data/maskbench_json_schema.json"
+STRIDE, MAX_SCHEMA_CHARS, PER_SCHEMA_S = 33, 4000, 30
+
+
+def _sample() -> list[dict]:
+    with gzip.open(DEV, "rt") as f:
+        rows = [json.loads(line) for line in f]
+    return [r for r in rows[::STRIDE] if len(json.dumps(r["schema"])) < MAX_SCHEMA_CHARS]
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _outcome(row: dict, vocab: TokenVocabulary) -> str:
+    from grammar.compiler import compile_grammar
+    from grammar.json_schema import json_schema_to_grammar
+    from grammar.matcher import GrammarMatcher
+
+    try:
+        compiled = compile_grammar(json_schema_to_grammar(row["schema"]), vocab)
+    except GrammarError as exc:
+        return f"compile: {type(exc).__name__}"
+    outcome = "pass"
+    for test in row["tests"]:
+        m = GrammarMatcher(compiled)
+        ok = m.accept_bytes(json.dumps(test["data"], ensure_ascii=False).encode("utf-8")) and m.can_terminate()
+        if ok and not test["valid"]:
+            return "invalidation"
+        if not ok and test["valid"]:
+            outcome = "validation"
+    return outcome
+
+
+@pytest.mark.skipif(not DEV.exists(), reason="MaskBench dev split not present (../shared)")
+def test_maskbench_sample_ratchet():
+    vocab = TokenVocabulary.byte_level()
+    rows = _sample()
+    assert len(rows) >= 150
+
+    def alarm(*_):
+        raise _Timeout()
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    results: dict[str, str] = {}
+    try:
+        for row in rows:
+            signal.alarm(PER_SCHEMA_S)
+            try:
+                results[row["id"]] = _outcome(row, vocab)
+            except _Timeout:
+                results[row["id"]] = "timeout"
+            finally:
+                signal.alarm(0)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    invalid = sorted(k for k, v in results.items() if v == "invalidation")
+    assert not invalid, f"invalid instances accepted for {invalid}"
+    recorded = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    regressions = sorted(k for k, v in recorded.items() if v == "pass" and results.get(k, "pass") != "pass")
+    if os.environ.get("FORMCAST_UPDATE_RATCHET") == "1" or not RECORD.exists():
+        RECORD.parent.mkdir(parents=True, exist_ok=True)
+        RECORD.write_text(json.dumps(dict(sorted(results.items())), indent=1) + "\n")
+    assert not regressions, f"schemas that used to pass no longer do: {[(k, results[k]) for k in regressions]}"
+    passed = sum(v == "pass" for v in results.values())
+    print(f"maskbench sample: {passed}/{len(results)} pass")
