@@ -23,10 +23,12 @@ from .automaton import DEAD, AutomatonBudget, LazyAutomaton
 from .bitmask import BITMASK_DTYPE, bitmask_width, pack_bool_mask
 from .completion import CompletionDistance
 from .fsm import build_nfa
-from .token_masks import mask_computer_for
+from .token_masks import mask_computer_for, precompute_masks
 from .vocab import TokenVocabulary
 
 
+# Grammars whose NFA has at most this many states have their masks computed eagerly.
+EAGER_MAX_NFA_STATES = 1500
 # Budget-aware masks look this many tokens ahead; a larger remaining budget counts as unlimited.
 BUDGET_HORIZON = 512
 
@@ -37,6 +39,8 @@ class CompileBudget:
 
     max_nfa_states: int = 2_000_000
     max_compile_seconds: float = 20.0
+    # Time spent at compile time computing masks of the states nearest the start (0: all lazy).
+    eager_mask_seconds: float = 0.2
     max_automaton_states: int = 250_000
     max_stack_depth: int = 50_000
     max_mask_cache_bytes: int = 512 << 20
@@ -74,6 +78,21 @@ class CompiledGrammar:
         self._after: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._lock = threading.RLock()
         self.eos_token_ids = frozenset(vocab.eos_token_ids)
+        # Small automata (most regexes) get all their masks up front; big ones stay lazy.
+        if self.budget.eager_mask_seconds > 0 and self.nfa.num_states <= EAGER_MAX_NFA_STATES:
+            self._precompute(self.budget.eager_mask_seconds)
+
+    def _precompute(self, seconds: float) -> None:
+        """Fill the mask cache for the states nearest the start, within ``seconds``."""
+        import time
+
+        rows = precompute_masks(self.masks, self.automaton, time.monotonic() + seconds)
+        eos_words = [(int(e) // 32, np.int32(np.uint32(1 << (int(e) % 32)).view(np.int32))) for e in self.trie.eos_ids]
+        for state, row in rows.items():
+            if self.automaton.accepting[state]:
+                for word, bit in eos_words:
+                    row[word] |= bit
+            self._masks[state] = row
 
     @property
     def initial_state(self) -> int:

@@ -331,3 +331,82 @@ def mask_computer_for(vocab: TokenVocabulary) -> TokenMaskComputer:
         if comp is None:
             comp = _COMPUTERS[vocab.fingerprint] = TokenMaskComputer(vocab, trie_for(vocab))
         return comp
+
+
+def precompute_masks(computer: TokenMaskComputer, automaton, deadline: float, max_states: int = 256) -> dict[int, np.ndarray]:
+    """For a small automaton (every reachable state found within ``max_states``), compute
+    packed mask rows (EOS not included) of its states, nearest the start first, until
+    ``deadline`` (``time.monotonic()``). One multi-source trie walk per chunk of states carries
+    (trie node, source state) pairs, so the vectorized work is shared by all of them.
+    String-like states are skipped: their lazy masks are cheap anyway. Big automata (most JSON
+    schemas) stay fully lazy: a breadth-first sweep of them would mostly visit states no
+    document passes through."""
+    import time
+
+    from .bitmask import pack_bool_mask
+
+    order = _bfs_states(automaton, max_states, deadline)
+    if order is None:
+        return {}
+    todo = [s for s in order if computer._region_of(automaton, s) is None]
+    trie = computer.trie
+    rows: dict[int, np.ndarray] = {}
+    chunk = 16
+    while todo and time.monotonic() < deadline:
+        batch, todo = todo[:chunk], todo[chunk:]
+        allowed = _multi_source_walk(trie, automaton, np.array(batch, dtype=np.int32), deadline)
+        if allowed is None:
+            break
+        for s, row in zip(batch, pack_bool_mask(allowed)):
+            rows[s] = row
+    return rows
+
+
+def _bfs_states(automaton, max_states: int, deadline: float) -> list[int] | None:
+    """All states reachable from the start, breadth first; None if there are more than
+    ``max_states`` or the deadline passes first."""
+    import time
+
+    start = automaton.initial_state
+    order, seen = [start], {start}
+    for s in order:
+        if time.monotonic() > deadline:
+            return None
+        automaton.expand(s)
+        row = automaton.table[s]
+        for t in np.unique(row[row >= 0]).tolist():
+            if t not in seen:
+                if len(order) >= max_states:
+                    return None
+                seen.add(t)
+                order.append(t)
+    return order
+
+
+def _multi_source_walk(trie: TokenTrie, automaton, sources: np.ndarray, deadline: float) -> np.ndarray | None:
+    import time
+
+    allowed = np.zeros((len(sources), trie.vocab_size), dtype=bool)
+    n0 = len(trie.levels[0].byte) if trie.levels else 0
+    nodes = np.tile(np.arange(n0), len(sources))
+    src = np.repeat(np.arange(len(sources)), n0)
+    cur = np.repeat(sources, n0)
+    for d, level in enumerate(trie.levels):
+        if time.monotonic() > deadline:
+            return None
+        automaton.expand_many(cur)
+        nxt = automaton.table[cur, level.byte[nodes]]
+        live = nxt >= 0
+        nodes, src, nxt = nodes[live], src[live], nxt[live]
+        if len(nodes) == 0:
+            break
+        term = level.terminal_token[nodes]
+        has = term >= 0
+        allowed[src[has], term[has]] = True
+        if d + 1 == len(trie.levels):
+            break
+        nodes, owner = expand_children(level, nodes)
+        src, cur = src[owner], nxt[owner]
+    if len(trie.dup_src):
+        allowed[:, trie.dup_dst] = allowed[:, trie.dup_src]
+    return allowed
