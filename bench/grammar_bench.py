@@ -13,6 +13,7 @@ Not collected by pytest.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import time
@@ -35,7 +36,7 @@ SAMPLES = {
            " ORDER BY name DESC, price LIMIT 50;",
     "clike": "int add(int a, int b) { return a + b; }\nint main() {\n  int x = 1;\n  while (x < 10) { x = add(x, 2); }\n"
              "  if (x == 11) { return 0; } else { return x * 2 - 1; }\n}\n",
-    "sexp": "(define (fact n) (if (<= n 1) 1 (* n (fact (- n 1)))))\n(display \"result: \" (fact 10) 'done)",
+    "sexp": "(begin (define (fact n) (if (<= n 1) 1 (* n (fact (- n 1)))))\n  (display \"result: \" (fact 10) 'done))",
     "csv": 'id,name,comment\n1,alice,"said ""hi"", left"\n2,bob,\n3,"carol, jr",ok\r\n4,dave,"multi\nline"\n',
     "brackets": "([]{<>})[[{}]]<(){[]}>" * 3,
 }
@@ -115,7 +116,10 @@ def run_llguidance(kind: str, text: str, lltok, tokens):
     state = {}
 
     def first():
-        g = llguidance.grammar_from("json_schema", "{}") if kind == "schema" else llguidance.grammar_from("ebnf", text)
+        if kind == "schema":  # flexible whitespace, as formcast's and xgrammar's defaults allow
+            g = llguidance.grammar_from("json_schema", '{"x-guidance": {"whitespace_flexible": true}}')
+        else:  # llguidance's GBNF reader wants an alternative's "|" on the rule's line
+            g = llguidance.grammar_from("ebnf", re.sub(r"\n[ \t]+\|", " |", text))
         m = llguidance.LLMatcher(lltok, g)
         if m.is_error():
             raise RuntimeError(m.get_error())

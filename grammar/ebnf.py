@@ -9,8 +9,9 @@ Dialect (checked against xgrammar 0.2.9's parser)::
 - A rule is ``name ::= body``; the body may span lines and ends where the next ``name ::=`` starts.
   Names are ``[A-Za-z_][A-Za-z0-9_.-]*``.
 - Strings ``"..."`` and classes ``[...]``/``[^...]`` take the escapes ``\\n \\r \\t \\v \\f \\0 \\e
-  \\\\ \\" \\' \\] \\[ \\- \\^ \\xHH \\uHHHH \\UHHHHHHHH``; ``\\xHH`` is the code point U+00HH (as in
-  XGrammar and GBNF), encoded as UTF-8 like every other character.
+  \\\\ \\" \\' \\] \\[ \\- \\^ \\xH.. \\uHHHH \\UHHHHHHHH``. ``\\x`` names a code point (encoded as UTF-8
+  like every other character) and, as in XGrammar (unlike llama.cpp's exactly-two-digit rule),
+  takes every hex digit that follows: ``"\\x41b"`` is U+041B; write ``"\\x41" "b"`` for ``Ab``.
 - Postfix ``* + ? {m} {m,} {m,n}``; grouping ``( )`` (``()`` is the empty string); ``|``.
 - A lookahead assertion ``(= ...)`` at the end of a rule body is accepted only where it is implied by
   the grammar (every use of the rule is directly followed by text starting with the asserted literal);
@@ -38,6 +39,7 @@ _SIMPLE_ESCAPES = {
     "\\": "\\", '"': '"', "'": "'", "]": "]", "[": "[", "-": "-", "^": "^", "/": "/",
 }
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+_HEX_DIGITS = set("0123456789abcdefABCDEF")
 
 
 @dataclass(frozen=True)
@@ -255,9 +257,15 @@ class _Parser:
             self.pos += 1
             return _SIMPLE_ESCAPES[c]
         if c in _HEX_ESCAPES:
-            digits = self.text[self.pos + 1:self.pos + 1 + _HEX_ESCAPES[c]]
-            if len(digits) != _HEX_ESCAPES[c] or any(d not in "0123456789abcdefABCDEF" for d in digits):
-                raise self.error(f"invalid \\{c} escape: expected {_HEX_ESCAPES[c]} hex digits", start)
+            if c == "x":  # XGrammar reads \x like C: every hex digit that follows (llama.cpp: two)
+                end = self.pos + 1
+                while end < len(self.text) and self.text[end] in _HEX_DIGITS:
+                    end += 1
+                digits = self.text[self.pos + 1:end]
+            else:
+                digits = self.text[self.pos + 1:self.pos + 1 + _HEX_ESCAPES[c]]
+            if not digits or (c != "x" and len(digits) != _HEX_ESCAPES[c]) or any(d not in _HEX_DIGITS for d in digits):
+                raise self.error(f"invalid \\{c} escape: expected {'hex digits' if c == 'x' else f'{_HEX_ESCAPES[c]} hex digits'}", start)
             value = int(digits, 16)
             if value > ir.MAX_UNICODE or ir.SURROGATES[0] <= value <= ir.SURROGATES[1]:
                 raise self.error(f"escape \\{c}{digits} is not a Unicode scalar value", start)

@@ -39,6 +39,8 @@ def test_literals_escapes_and_classes() -> None:
 
 def test_xHH_is_a_code_point_as_in_xgrammar() -> None:
     assert ebnf_to_grammar('root ::= "\\xe9"').rules["root"] == ir.Literal("é".encode())
+    # Like XGrammar, \x takes every hex digit that follows (llama.cpp would read "\x41" "b").
+    assert ebnf_to_grammar('root ::= "\\x41b\\x4"').rules["root"] == ir.Literal("\u041b\x04".encode())
 
 
 def test_repetition_forms() -> None:
