@@ -142,6 +142,10 @@ def test_object_counts_patterns_names():
           valid=[{"n": "s", "x": 1}, {"x": 1, "y": 2, "z": 3}, {"n": "s", "x": 1, "y": None}], invalid=[{"n": "s"}, {"x": 1}, {}])
     check({"type": "object", "patternProperties": {"^x-": {"type": "integer"}}, "additionalProperties": False},
           valid=[{}, {"x-a": 1, "x-b": 2}], invalid=[{"y": 1}, {"x-a": "s"}])
+    check({"type": "object", "patternProperties": {".*": {"type": "integer"}}}, valid=[{}, {"a": 1}], invalid=[{"a": "s"}])
+    check({"type": "object", "properties": {"n": {"type": "integer"}}, "patternProperties": {"": {"minimum": 0}}},
+          valid=[{"n": 1, "x": 2}, {"x": "s"}], invalid=[{"n": -1}, {"x": -2}])
+    check({"type": "object", "patternProperties": {"^a": True}}, valid=[{"a": 1, "b": [2]}])
     check({"type": "object", "propertyNames": {"enum": ["p", "q"]}}, valid=[{"p": 1}, {"p": 1, "q": []}], invalid=[{"r": 1}])
     check({"type": "object", "propertyNames": {"maxLength": 2}}, valid=[{"ab": 1}], invalid=[{"abc": 1}])
     check({"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "dependentRequired": {"a": ["b"]}},

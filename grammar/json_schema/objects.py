@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .lower import Lowerer
 
 _SHARE_ABOVE = 3
+_UNIVERSAL = frozenset(["", ".*", "^.*", "(.*)", "^(.*)", ".*?", "[\\s\\S]*", "^[\\s\\S]*"])  # match every key
 MAX_COUNT_STATES = 4096  # chains longer than this get their shared states as rules
 
 
@@ -87,6 +88,15 @@ def object_expr(lw: "Lowerer", s: dict, ptr: str, depth: int) -> ir.Expr:
 def _extras(lw: "Lowerer", s: dict, ptr: str, depth: int, named: set[str], patterns: dict, names_schema: Any, extra: Any) -> ir.Expr | None:
     """``key: value`` for keys outside ``properties`` (None when there can be none)."""
     layout = lw.layout
+    trivial = all(v is True or v == {} for v in patterns.values())
+    if patterns and any(p in _UNIVERSAL for p in patterns):
+        # Every key matches: the pattern schema applies to all extra keys, additionalProperties never.
+        if len(patterns) > 1:
+            lw.refuse("patternProperties", ptr, "a match-everything pattern next to other patterns")
+        pat, sub = next(iter(patterns.items()))
+        patterns, extra = {}, sub
+    elif patterns and trivial and extra is not False:
+        patterns = {}  # matching keys take any value, and so do the others
     if patterns:
         if extra is not False:
             lw.refuse("patternProperties", ptr, "patternProperties together with allowed additionalProperties")
