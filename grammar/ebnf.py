@@ -321,7 +321,11 @@ def ebnf_to_grammar(text: str, *, root: str = "root") -> ir.Grammar:
     UnsupportedFeatureError for lookahead assertions that cannot be enforced exactly.
     """
     parser = _Parser(text)
-    parser.parse()
+    try:
+        parser.parse()
+    except RecursionError:
+        # Group nesting in the grammar text itself (not input depth) recurses in the parser.
+        raise GrammarSyntaxError("grammar text nests groups too deeply") from None
     for name, in_rule, pos in parser.ref_pos:
         if name not in parser.rules:
             raise GrammarSyntaxError(f"rule {name!r} (used in rule {in_rule!r}) is not defined", pos.line, pos.column)

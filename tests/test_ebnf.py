@@ -138,3 +138,8 @@ def test_deeply_nested_grammar_text_and_input() -> None:
     check(text, ["x"], ["xx"])
     nested = 'root ::= "[" root? "]"'
     check(nested, ["[" * 600 + "]" * 600], ["[" * 600 + "]" * 599])
+
+
+def test_absurdly_nested_grammar_text_is_a_syntax_error_not_a_crash() -> None:
+    with pytest.raises(GrammarSyntaxError, match="too deeply"):
+        ebnf_to_grammar("root ::= " + "(" * 5000 + '"x"' + ")" * 5000)
