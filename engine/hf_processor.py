@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from grammar import GrammarMatcher, TokenVocabulary, bitmask_width, pack_bool_mask
+from grammar import GrammarError, GrammarMatcher, TokenVocabulary, bitmask_width, pack_bool_mask
 from kernels import apply_token_bitmask_inplace
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,6 +72,7 @@ class FormcastLogitsProcessor(LogitsProcessor):
         self._finished_row = _finished_row(self.finish_ids, self.bitmask.shape[1])
         self._done = [False] * len(grammars)
         self._rejected = [False] * len(grammars)
+        self.errors: list[str | None] = [None] * len(grammars)  # why a row was aborted
         self._seen_len: int | None = None  # input length at the previous call
         self._generated = 0
 
@@ -85,6 +86,7 @@ class FormcastLogitsProcessor(LogitsProcessor):
             m.reset()
         self._done = [False] * self.batch_size
         self._rejected = [False] * self.batch_size
+        self.errors = [None] * self.batch_size
         self._seen_len = None
         self._generated = 0
 
@@ -123,7 +125,12 @@ class FormcastLogitsProcessor(LogitsProcessor):
             if self._done[row]:
                 continue
             matcher = self.matchers[row]
-            if not matcher.accept_token(token):
+            try:
+                accepted = matcher.accept_token(token)
+            except GrammarError as exc:  # a budget hit in one row must not stop the batch
+                self._abort(row, exc)
+                continue
+            if not accepted:
                 self._rejected[row] = True
                 self._done[row] = True
             elif matcher.is_terminated():
@@ -132,10 +139,19 @@ class FormcastLogitsProcessor(LogitsProcessor):
     def _fill(self) -> None:
         remaining = None if self.max_new_tokens is None else max(1, self.max_new_tokens - self._generated)
         for row, matcher in enumerate(self.matchers):
-            if self._done[row]:
-                self._bitmask_np[row] = self._finished_row
-            else:
-                matcher.fill_next_token_bitmask(self._bitmask_np, row, remaining_tokens=remaining)
+            if not self._done[row]:
+                try:
+                    matcher.fill_next_token_bitmask(self._bitmask_np, row, remaining_tokens=remaining)
+                    continue
+                except GrammarError as exc:
+                    self._abort(row, exc)
+            self._bitmask_np[row] = self._finished_row
+
+    def _abort(self, row: int, exc: Exception) -> None:
+        """Finish ``row`` with its error (e.g. GrammarBudgetError); the other rows go on."""
+        self.errors[row] = str(exc)
+        self._rejected[row] = True
+        self._done[row] = True
 
 
 def _per_row(grammars: Any, batch_size: int | None) -> list["CompiledGrammar"]:

@@ -138,3 +138,18 @@ def test_greedy_generate_constrained_batch_left_padding(tiny_model, smollm2_toke
     # Greedy decoding of the same prompt alone gives the same text: padding does not leak in.
     alone = generate_constrained(tiny_model, smollm2_tokenizer, prompts[1], regex=r"(yes|no|maybe)", max_new_tokens=6)
     assert alone == outs[1:]
+
+
+def test_budget_error_in_one_row_aborts_only_that_row(smollm2_vocab, smollm2_tokenizer):
+    from grammar.compiler import CompileBudget
+
+    # Row 0's automaton may only ever grow to a handful of states; row 1 is unconstrained text.
+    tiny = compile_regex(r"[a-z]{1,60}", smollm2_vocab, budget=CompileBudget(max_automaton_states=3, eager_mask_seconds=0))
+    roomy = compile_regex(r"[a-z]{1,60}", smollm2_vocab)
+    proc = FormcastLogitsProcessor([tiny, roomy], 2)
+    V = smollm2_vocab.vocab_size
+    scores = proc(torch.tensor([[5], [5]]), torch.randn(2, V))
+    assert proc.errors[0] is not None and "states" in proc.errors[0]
+    assert _allowed(scores[0]) <= set(smollm2_vocab.eos_token_ids) | {2}
+    assert proc.errors[1] is None and _allowed(scores[1]) == _expected(roomy, [])
+    assert proc.rejected_rows() == [0]
