@@ -11,6 +11,10 @@ allows it, as Lark's Earley parser with ``lexer="dynamic_complete"`` does. Lexer
 (terminal priorities, longest match, keywords beating names in a contextual lexer) are not
 modelled, so the automaton may accept a few strings that a lexer-based Lark parser would reject.
 
+Regex terminals go through formcast's regex front end, whose ``\\w \\d \\s \\b`` are ASCII (``re.ASCII``),
+whereas Lark runs Python's ``re`` on ``str`` (Unicode classes): ``/\\w+/`` here does not match ``é``.
+That is narrower than Lark, never wider; write explicit ranges for non-ASCII letters.
+
 ``%ignore`` terminals are inserted as an optional repetition (``IGNORED*``) between every two
 symbols of every expansion and around the start rule: exactly the places where a lexer could
 skip them between two tokens.
@@ -58,17 +62,20 @@ def _terminal_expr(term) -> ir.Expr:
     from lark.lexer import PatternStr
 
     pattern = term.pattern
-    flags = set(pattern.flags)
-    unsupported = flags - {"i"}
+    flags = set(pattern.flags) - {"u"}  # Unicode matching is the default anyway
+    unsupported = flags - {"i", "s", "x", "m"}
     if unsupported:
         raise UnsupportedFeatureError(
-            f"Lark terminal {term.name!r} uses regex flags {sorted(unsupported)}; only 'i' is supported"
+            f"Lark terminal {term.name!r} uses regex flags {sorted(unsupported)}; only i, s, x, m are supported"
         )
     if isinstance(pattern, PatternStr) and not flags:
         return ir.literal(pattern.value)
     from .regex import regex_to_ir
 
     source = pattern.value if not isinstance(pattern, PatternStr) else pattern.to_regexp()
+    scoped = "".join(sorted(flags - {"i"}))
+    if scoped:  # the regex front end enforces (or refuses) scoped flags itself
+        source = f"(?{scoped}:{source})"
     return regex_to_ir(source, flavor="python", mode="fullmatch", ignore_case="i" in flags)
 
 

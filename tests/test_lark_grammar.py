@@ -44,6 +44,11 @@ def test_regex_terminal_with_case_insensitive_flag_and_string_flag() -> None:
     check(text, ["select abc", "SeLeCt ABC"], ["selec abc", "select 123"])
 
 
+def test_dotall_and_verbose_flags() -> None:
+    text = 'start: A B\nA: /a.b/s\nB: / c + d /x'
+    check(text, ["a\nbccd", "axbcd"], ["a\nb cd", "ab"])
+
+
 def test_templates_and_custom_start() -> None:
     text = '_sep{x, sep}: x (sep x)*\nlist: "[" _sep{ITEM, ","} "]"\nITEM: "a" | "b"'
     check(text, ["[a]", "[a,b,a]"], ["[]", "[a,]"], start="list")
