@@ -143,3 +143,20 @@ def test_deeply_nested_grammar_text_and_input() -> None:
 def test_absurdly_nested_grammar_text_is_a_syntax_error_not_a_crash() -> None:
     with pytest.raises(GrammarSyntaxError, match="too deeply"):
         ebnf_to_grammar("root ::= " + "(" * 5000 + '"x"' + ")" * 5000)
+
+
+def test_rollback_and_forced_continuation_through_recursion() -> None:
+    from grammar import compile_ebnf
+
+    text = 'root ::= "SELECT " cols " FROM " [a-z]+\ncols ::= "*" | "(" cols ")"'
+    m = GrammarMatcher(compile_ebnf(text, VOCAB))
+    assert m.forced_continuation() == b"SELECT "
+    assert m.accept_bytes("SELECT ((")
+    assert m.forced_continuation() == b""  # "*" or another "("
+    assert m.accept_bytes("*")
+    assert m.forced_continuation() == b")) FROM "
+    m.rollback(1)
+    assert m.accept_bytes("(*")
+    assert m.forced_continuation() == b"))) FROM "
+    assert not m.accept_bytes("))) FROM 1")
+    assert m.accept_bytes("))) FROM t") and m.can_terminate()
