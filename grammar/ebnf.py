@@ -141,7 +141,7 @@ class _Parser:
                 break
             self.pos += 1
             alts.append(self.parse_seq(top))
-        # Alternatives are kept as a Choice even when equal-looking so that left recursion stays visible.
+        # A Choice whose items begin with Ref(rule) is how eliminate_left_recursion spots `A ::= A x | b`.
         return ir.choice(*alts)
 
     def parse_seq(self, top: bool) -> ir.Expr:
