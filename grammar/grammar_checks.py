@@ -59,10 +59,47 @@ def _split_left_recursive(name: str, body: ir.Expr) -> tuple[list[ir.Expr], list
     return (tails, bases) if tails else None
 
 
+def _starts_with(expr: ir.Expr, name: str) -> bool:
+    """Can ``expr`` begin with ``Ref(name)`` syntactically (through leading groups and options)?"""
+    if isinstance(expr, ir.Ref):
+        return expr.name == name
+    if isinstance(expr, ir.Seq):
+        return _starts_with(expr.items[0], name)
+    if isinstance(expr, ir.Choice):
+        return any(_starts_with(e, name) for e in expr.items)
+    if isinstance(expr, ir.Repeat):
+        return _starts_with(expr.item, name)
+    return False
+
+
+def _distribute_leading(name: str, body: ir.Expr, limit: int = 64) -> ir.Expr:
+    """Pull ``A`` out of leading groups and options: ``(A "+" | A "-")? t`` becomes the
+    alternatives ``A "+" t | A "-" t | t``, so the direct rewrite below can see it. Gives up
+    (returns ``body``) past ``limit`` alternatives."""
+    todo = list(body.items if isinstance(body, ir.Choice) else (body,))
+    done: list[ir.Expr] = []
+    while todo:
+        alt = todo.pop()
+        items = alt.items if isinstance(alt, ir.Seq) else (alt,)
+        first, rest = items[0], items[1:]
+        if isinstance(first, ir.Choice) and _starts_with(first, name):
+            todo.extend(ir.seq(x, *rest) for x in first.items)
+        elif isinstance(first, ir.Repeat) and (first.min, first.max) == (0, 1) and _starts_with(first, name):
+            todo.extend([ir.seq(first.item, *rest), ir.seq(*rest)])
+        else:
+            done.append(alt)
+        if len(todo) + len(done) > limit:
+            return body
+    return ir.choice(*reversed(done))
+
+
 def eliminate_left_recursion(grammar: ir.Grammar) -> ir.Grammar:
-    """Rewrite each directly left-recursive rule ``A ::= A x | b`` into ``A ::= b x*`` (same language)."""
+    """Rewrite each directly left-recursive rule ``A ::= A x | b`` into ``A ::= b x*`` (same
+    language), after pulling ``A`` out of leading groups and options (``(A "+")? t``)."""
     rules = dict(grammar.rules)
     for name, body in grammar.rules.items():
+        if _starts_with(body, name):
+            body = _distribute_leading(name, body)
         split = _split_left_recursive(name, body)
         if split is not None:
             tails, bases = split

@@ -80,6 +80,19 @@ def test_direct_left_recursion_is_rewritten() -> None:
     check(text, ["1", "1+2-30", "12-3"], ["", "+1", "1+", "1+-2"])
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        'root ::= (root "+")? num\nnum ::= [0-9]+',
+        'root ::= (root "+" | root "-") num | num\nnum ::= [0-9]+',
+        'root ::= ((root ("+" | "-"))? num)\nnum ::= [0-9]+',
+    ],
+)
+def test_left_recursion_inside_leading_groups_is_rewritten(text: str) -> None:
+    plus_only = '"-"' not in text
+    check(text, ["1", "1+2", "1+2+33"] + ([] if plus_only else ["1-2+3"]), ["", "+1", "1+", "1++2"])
+
+
 def test_lookahead_implied_by_grammar_is_accepted() -> None:
     check('root ::= a "bc"\na ::= "x"+ (= "b")', ["xbc", "xxbc"], ["bc", "xb"])
 
