@@ -195,9 +195,14 @@ def test_combinators():
           valid=[{"kind": "a", "x": 1}, {"kind": "b", "y": "s"}], invalid=[{"kind": "c"}, {"kind": "a", "x": "s"}])
     check({"type": ["string", "integer"], "not": {"type": "integer"}}, valid=["s"], invalid=[1])
     check({"type": "string", "not": {"enum": ["a", "b"]}}, valid=["", "c", "ab"], invalid=["a", "b"])
+    check({"allOf": [{"type": ["string", "integer", "null"], "not": {"type": "null"}}, {"not": {"enum": ["x"]}, "x-note": 1}, {"x-note": 2}]},
+          valid=["y", 3], invalid=["x", None])
     check({"type": "object", "properties": {"t": {"enum": ["x", "y"]}, "n": {"type": "integer"}}, "required": ["t"],
            "if": {"properties": {"t": {"const": "x"}}}, "then": {"required": ["n"]}},
           valid=[{"t": "x", "n": 1}, {"t": "y"}], invalid=[{"t": "x"}])
+    check({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "allOf": [{"dependencies": {"a": ["b", "c"], "b": ["d"]}}, {"required": ["a"]}]},
+          valid=[{"a": 1, "b": 2, "c": 3, "d": 4}], invalid=[{"a": 1, "b": 2, "c": 3}, {"a": 1}])
+    check({"allOf": [{"anyOf": [{"type": "integer"}, {"type": "string"}]}, {"anyOf": [{"minimum": 3}, {"maxLength": 2}]}]}, valid=[3, "ab", 1], invalid=[None])
     check({"type": "object", "properties": {"a": {}, "b": {}}, "dependentSchemas": {"a": {"required": ["b"]}}}, valid=[{"b": 1}, {"a": 1, "b": 2}], invalid=[{"a": 1}])
 
 

@@ -151,6 +151,7 @@ class Lowerer:
     def flatten(self, schema: dict, ptr: str) -> Any:
         """Merge ``allOf`` (and ``$ref`` with siblings) into one schema object, or False."""
         schema = self.deref(schema, ptr)
+        deferred: list[dict] = []  # a second anyOf/oneOf waits until the first is distributed
         while isinstance(schema, dict) and "allOf" in schema:
             schema = dict(schema)
             parts = schema.pop("allOf")
@@ -161,7 +162,13 @@ class Lowerer:
                     return False
                 if part is True:
                     continue
+                for key in ("anyOf", "oneOf"):
+                    if key in part and key in schema and part[key] != schema[key]:
+                        deferred.append({key: part[key]})
+                        part = {k: v for k, v in part.items() if k != key}
                 schema = merge(schema, part, f"{ptr}/allOf/{i}")
+        if deferred and isinstance(schema, dict):
+            schema = {**schema, "allOf": deferred}
         return schema
 
     def branches(self, schema: dict, ptr: str, depth: int) -> ir.Expr:
@@ -261,6 +268,14 @@ class Lowerer:
         keys = set(neg) - ANNOTATIONS
         if not keys:  # not {} rejects everything
             return False, []
+        if keys == {"anyOf"}:  # not (A or B) == not A and not B
+            excluded: list[Any] = []
+            for part in neg["anyOf"]:
+                schema, more = self.negate({**schema, "not": part}, ptr)
+                excluded += more
+                if schema is False:
+                    return False, []
+            return schema, excluded
         if keys == {"type"}:
             types = _effective_types(schema) - _effective_types(neg)
             if "integer" in _effective_types(neg) and "number" in types:

@@ -21,6 +21,14 @@ ANNOTATIONS = frozenset(
     "title description default examples $comment $schema $id $anchor $dynamicAnchor deprecated readOnly writeOnly "
     "contentMediaType contentEncoding contentSchema $vocabulary".split()
 )
+# Keywords with assertion semantics (any other key is an annotation or unknown).
+VOCABULARY = frozenset(
+    "type enum const properties required additionalProperties patternProperties propertyNames minProperties "
+    "maxProperties items prefixItems additionalItems minItems maxItems contains minContains maxContains uniqueItems "
+    "minLength maxLength pattern format minimum maximum exclusiveMinimum exclusiveMaximum multipleOf anyOf oneOf "
+    "allOf not if then else $ref dependentRequired dependentSchemas dependencies unevaluatedProperties "
+    "unevaluatedItems $dynamicRef $recursiveRef $defs definitions".split()
+)
 _LOWER = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains")
 _UPPER = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties", "maxContains")
 
@@ -125,6 +133,10 @@ def _merge_key(key: str, av: Any, bv: Any, a: dict, b: dict, pointer: str) -> An
         return av  # bv is deferred below by the caller through allOf
     if key in ("const", "enum", "type", "additionalProperties"):
         return av  # merged after the loop
+    if key == "not":
+        return {"anyOf": [av, bv]}  # not A and not B == not (A or B); ``negate`` splits it again
+    if key not in VOCABULARY:
+        return av  # an unknown keyword is an annotation: it constrains nothing
     raise UnsupportedFeatureError(f"allOf: cannot merge differing '{key}' at {pointer or '/'}")
 
 
