@@ -19,10 +19,11 @@ Dialect (checked against xgrammar 0.2.9's parser)::
 - XGrammar's ``TagDispatch(...)`` macro is refused with ``UnsupportedFeatureError``.
 
 Checks: syntax errors, duplicate and undefined rules, a missing root and an empty language raise
-``GrammarSyntaxError`` with line and column. Direct left recursion is rewritten into iteration
-(``A ::= A x | A y | b | c``  ->  ``A ::= (b | c) (x | y)*``) by :func:`eliminate_left_recursion`,
-which the Lark front end shares; left recursion that remains (indirect) is refused with the rule's
-position.
+``GrammarSyntaxError`` with line and column. Left recursion is rewritten into iteration by
+:func:`grammar_checks.eliminate_left_recursion` (shared with the Lark front end): direct
+(``A ::= A x | A y | b | c``  ->  ``A ::= (b | c) (x | y)*``), inside leading groups and options,
+and indirect through other rules; left recursion that remains (through a nullable prefix such as
+``A ::= ws? A x``) is refused with the rule's position.
 """
 
 from __future__ import annotations

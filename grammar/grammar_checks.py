@@ -1,14 +1,15 @@
 """Whole-grammar analyses the text front ends (EBNF, Lark, structural tags) share.
 
-- :func:`eliminate_left_recursion` rewrites direct left recursion into iteration, which a pushdown
-  automaton handles without a stack that grows on every step.
+- :func:`eliminate_left_recursion` rewrites left recursion (direct, inside leading groups, and
+  indirect) into iteration, which a pushdown automaton handles without a growing stack.
 - :func:`prune_unreachable` drops rules the root cannot reach.
-- :func:`check_grammar` refuses an empty language and any remaining (indirect) left recursion,
+- :func:`check_grammar` refuses an empty language and any remaining left recursion,
   naming the rule and, when known, its line and column.
 - :func:`map_refs` / :func:`prefix_rules` rebuild expressions (used to merge grammars without name
   clashes).
 
-All loops are iterative: grammars generated from deep schemas must not hit Python's recursion limit.
+Walks over rule references are iterative (fixpoints, explicit stacks); Python recursion follows only
+the nesting of one expression, which the grammar text bounds.
 """
 
 from __future__ import annotations
@@ -93,17 +94,70 @@ def _distribute_leading(name: str, body: ir.Expr, limit: int = 64) -> ir.Expr:
     return ir.choice(*reversed(done))
 
 
-def eliminate_left_recursion(grammar: ir.Grammar) -> ir.Grammar:
-    """Rewrite each directly left-recursive rule ``A ::= A x | b`` into ``A ::= b x*`` (same
-    language), after pulling ``A`` out of leading groups and options (``(A "+")? t``)."""
-    rules = dict(grammar.rules)
-    for name, body in grammar.rules.items():
-        if _starts_with(body, name):
-            body = _distribute_leading(name, body)
-        split = _split_left_recursive(name, body)
-        if split is not None:
-            tails, bases = split
-            rules[name] = ir.seq(ir.choice(*bases), ir.star(ir.choice(*tails)))
+def _alternatives(expr: ir.Expr) -> tuple[ir.Expr, ...]:
+    return expr.items if isinstance(expr, ir.Choice) else (expr,)
+
+
+def _first_ref(alt: ir.Expr) -> str | None:
+    first = alt.items[0] if isinstance(alt, ir.Seq) else alt
+    return first.name if isinstance(first, ir.Ref) else None
+
+
+def _rewrite_direct(name: str, body: ir.Expr) -> ir.Expr:
+    if _starts_with(body, name):
+        body = _distribute_leading(name, body)
+    split = _split_left_recursive(name, body)
+    if split is None:
+        return body
+    tails, bases = split
+    return ir.seq(ir.choice(*bases), ir.star(ir.choice(*tails)))
+
+
+def _cyclic_rules(rules: dict[str, ir.Expr]) -> list[str]:
+    """Rules on a cycle of syntactic left corners (first items of their alternatives)."""
+    graph = {n: {r for a in _alternatives(b) if (r := _first_ref(a)) in rules} for n, b in rules.items()}
+    out = []
+    for name in rules:
+        seen, todo = set(), list(graph[name])
+        while todo:
+            cur = todo.pop()
+            if cur == name:
+                out.append(name)
+                break
+            if cur not in seen:
+                seen.add(cur)
+                todo.extend(graph[cur])
+    return out
+
+
+def eliminate_left_recursion(grammar: ir.Grammar, limit: int = 64) -> ir.Grammar:
+    """Rewrite left recursion into iteration, keeping the language.
+
+    Direct: ``A ::= A x | b`` becomes ``A ::= b x*``, after pulling ``A`` out of leading groups and
+    options (``(A "+")? t``). Indirect (``A ::= B x | a``, ``B ::= A y | b``): the rules on such a
+    cycle are ordered and each earlier rule is inlined where it leads a later one (Paull's
+    algorithm), then the direct rewrite applies. Past ``limit`` alternatives a rule is left alone,
+    and ``check_grammar`` refuses what remains.
+    """
+    rules = {name: _rewrite_direct(name, body) for name, body in grammar.rules.items()}
+    order = _cyclic_rules(rules)
+    for i, name in enumerate(order):
+        earlier = set(order[:i])
+        alts = list(_alternatives(_distribute_leading(name, rules[name])))
+        for _ in range(len(earlier)):
+            expanded: list[ir.Expr] = []
+            for alt in alts:
+                ref = _first_ref(alt)
+                if ref in earlier:
+                    rest = alt.items[1:] if isinstance(alt, ir.Seq) else ()
+                    expanded.extend(ir.seq(b, *rest) for b in _alternatives(_distribute_leading(ref, rules[ref])))
+                else:
+                    expanded.append(alt)
+            if len(expanded) > limit or expanded == alts:
+                break
+            alts = expanded
+        if len(alts) <= limit:
+            rules[name] = _rewrite_direct(name, ir.choice(*alts))
     return ir.Grammar(rules, root=grammar.root, source_kind=grammar.source_kind)
 
 
@@ -203,7 +257,7 @@ def check_grammar(grammar: ir.Grammar, positions: dict[str, _Pos] | None = None)
             if cur == name:
                 raise _error(
                     f"rule {name!r} is left-recursive (it can reach itself without consuming input); "
-                    "only direct left recursion 'A ::= A x | y' is rewritten automatically",
+                    "left recursion through a nullable prefix (A ::= B A x with B able to match nothing) cannot be rewritten",
                     positions.get(name),
                 )
             if cur not in seen:

@@ -19,8 +19,8 @@ That is narrower than Lark, never wider; write explicit ranges for non-ASCII let
 symbols of every expansion and around the start rule: exactly the places where a lexer could
 skip them between two tokens.
 
-Direct left recursion (``sum: sum "+" product | product``, common in Lark grammars) is rewritten
-into iteration; indirect left recursion is refused.
+Left recursion (``sum: sum "+" product | product``, common in Lark grammars), direct or indirect,
+is rewritten into iteration; left recursion through a nullable prefix is refused.
 """
 
 from __future__ import annotations

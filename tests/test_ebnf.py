@@ -93,6 +93,12 @@ def test_left_recursion_inside_leading_groups_is_rewritten(text: str) -> None:
     check(text, ["1", "1+2", "1+2+33"] + ([] if plus_only else ["1-2+3"]), ["", "+1", "1+", "1++2"])
 
 
+def test_indirect_left_recursion_is_rewritten() -> None:
+    text = 'root ::= a\na ::= b "x" | "y"\nb ::= a "z" | "w"'
+    # a = (y z | w)(x z)* x | y
+    check(text, ["y", "wx", "yzx", "wxzx", "yzxzx"], ["", "w", "yz", "wxz", "x"])
+
+
 def test_lookahead_implied_by_grammar_is_accepted() -> None:
     check('root ::= a "bc"\na ::= "x"+ (= "b")', ["xbc", "xxbc"], ["bc", "xb"])
 
@@ -130,7 +136,7 @@ def test_tagdispatch_is_refused() -> None:
         ('root ::= @', "unexpected character", 1, 10),
         ('\n\nroot ::= root "a"', "language is empty", 3, 1),
         ('root ::= [^\\u0000-\\U0010FFFF]', "language is empty", 1, 1),
-        ('root ::= a\na ::= b "x"\nb ::= a "y" | "z"', "left-recursive", 2, 1),
+        ('root ::= a\na ::= o b "x" | "q"\nb ::= a "y" | "z"\no ::= "o"?', "left-recursive", 2, 1),
         ('root ::= x\nx = "a"', "unexpected character '='", 2, 3),
     ],
 )

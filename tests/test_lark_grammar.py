@@ -71,12 +71,16 @@ def test_terminal_with_lookahead_is_refused() -> None:
         ("start x", "start", "missing colon"),
         ('start: "a"', "other", "other"),
         ('start: start "a"', "start", "language is empty"),
-        ('start: a\na: b "x"\nb: a "y" | "z"', "start", "left-recursive"),
+        ('start: a\na: o b "x" | "q"\nb: a "y" | "z"\no: "o"?', "start", "left-recursive"),
     ],
 )
 def test_errors(text: str, start: str, message: str) -> None:
     with pytest.raises(GrammarError, match=message):
         lark_to_grammar(text, start=start)
+
+
+def test_indirect_left_recursion_is_rewritten() -> None:
+    check('start: a\na: b "x" | "y"\nb: a "z" | "w"', ["y", "wx", "yzx", "wxzx"], ["", "w", "yz"])
 
 
 def test_syntax_error_carries_position() -> None:
