@@ -193,6 +193,9 @@ def test_combinators():
     check({"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind"]},
                      {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "string"}}, "required": ["kind"]}]},
           valid=[{"kind": "a", "x": 1}, {"kind": "b", "y": "s"}], invalid=[{"kind": "c"}, {"kind": "a", "x": "s"}])
+    check({"type": "object", "oneOf": [{"required": ["a", "b"]}, {"required": ["c"]}]},
+          valid=[{"a": 1, "b": 2}, {"c": 1}, {"a": 1, "c": 1}], invalid=[{"a": 1, "b": 2, "c": 3}, {"a": 1}, {}])
+    check({"oneOf": [{"type": "integer"}, {"type": "string"}]}, valid=[7, "s"], invalid=[2.5, None])
     check({"type": ["string", "integer"], "not": {"type": "integer"}}, valid=["s"], invalid=[1])
     check({"type": "string", "not": {"enum": ["a", "b"]}}, valid=["", "c", "ab"], invalid=["a", "b"])
     check({"allOf": [{"type": ["string", "integer", "null"], "not": {"type": "null"}}, {"not": {"enum": ["x"]}, "x-note": 1}, {"x-note": 2}]},

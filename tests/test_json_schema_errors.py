@@ -18,6 +18,7 @@ from grammar.json_schema import json_schema_to_grammar
         ({"type": "integer", "multipleOf": 7, "minimum": 3}, "multipleOf"),
         ({"type": "string", "format": "json-pointer"}, "format"),
         ({"oneOf": [{"type": "integer"}, {"minimum": 3}]}, "oneOf"),
+        ({"oneOf": [{"type": "integer"}, {"type": "number", "maximum": 5}]}, "oneOf"),
         ({"not": {"minimum": 3}}, "not"),
         ({"if": {"minimum": 3}, "then": {"multipleOf": 2}}, "if"),
         ({"type": "string", "pattern": "a", "maxLength": 3}, "maxLength"),

@@ -178,6 +178,9 @@ class Lowerer:
             # Nothing to merge: keep branches as they are, so a $ref branch stays a rule reference
             # (recursive schemas like {"anyOf": [{"$ref": "#"}, {"type": "null"}]}).
             if key == "oneOf" and not self._disjoint([self.deref(b, ptr) for b in schema[key]]):
+                exclusive = self._exclusive_branches(schema["oneOf"])
+                if exclusive is not None:
+                    return self.value({**base, "anyOf": exclusive}, ptr, depth)
                 self.refuse("oneOf", ptr, "branches not provably disjoint")
             return ir.choice(*(self.value(b, f"{ptr}/{key}/{i}", depth) for i, b in enumerate(schema[key])))
         merged = []
@@ -189,8 +192,20 @@ class Lowerer:
         if len(merged) > MAX_BRANCHES:
             raise GrammarBudgetError(f"{key} at {ptr or '/'} expands to more than {MAX_BRANCHES} alternatives")
         if key == "oneOf" and not self._disjoint(merged):
+            exclusive = self._exclusive_branches(schema["oneOf"])
+            if exclusive is not None:
+                return self.value({**base, "anyOf": exclusive}, ptr, depth)
             self.refuse("oneOf", ptr, "branches not provably disjoint")
         return ir.choice(*(self.value(m, f"{ptr}/{key}", depth) for m in merged))
+
+    def _exclusive_branches(self, branches: list[Any]) -> list[dict] | None:
+        """``oneOf`` as ``anyOf`` of "this branch and none of the others", when every branch's
+        negation is expressible (type, required, property discriminator); else None."""
+        resolved = [self.deref(b, "") for b in branches]
+        negations = [_negate_condition(b) for b in resolved]
+        if len(branches) > 8 or any(n is None for n in negations):
+            return None
+        return [{"allOf": [b, *(n for j, n in enumerate(negations) if j != i)]} for i, b in enumerate(resolved)]
 
     def _disjoint(self, schemas: list[Any]) -> bool:
         flat = [self.flatten(s, "") if isinstance(s, dict) else s for s in schemas]
@@ -202,13 +217,16 @@ class Lowerer:
         if a is True or b is True:
             return False
         ta, tb = _effective_types(a), _effective_types(b)
-        if not ta & tb:
+        common = ta & tb
+        if ("number" in ta and "integer" in tb) or ("integer" in ta and "number" in tb):
+            common.add("integer")  # integers are numbers
+        if not common:
             return True
         for x, y in ((a, b), (b, a)):
             vals = [x["const"]] if "const" in x else x.get("enum")
             if vals is not None and not any(self.valid(v, y) for v in vals):
                 return True
-        if ta & tb == {"object"}:
+        if common == {"object"}:
             return self._objects_disjoint(a, b) or self._objects_disjoint(b, a)
         return False
 
@@ -465,6 +483,9 @@ def _negate_condition(cond: Any) -> Any:
     keys = set(cond) - ANNOTATIONS
     if keys == {"type"}:
         return {"not": {"type": cond["type"]}}
+    if keys == {"required"} and cond["required"]:
+        absent = [{"properties": {name: False}} for name in cond["required"]]
+        return absent[0] if len(absent) == 1 else {"anyOf": absent}
     props = cond.get("properties", {})
     req = cond.get("required", [])
     if keys - {"properties", "required"} or len(props) != 1 or (req and req != list(props)):
