@@ -60,20 +60,34 @@ def _split_left_recursive(name: str, body: ir.Expr) -> tuple[list[ir.Expr], list
     return (tails, bases) if tails else None
 
 
-def _starts_with(expr: ir.Expr, name: str) -> bool:
-    """Can ``expr`` begin with ``Ref(name)`` syntactically (through leading groups and options)?"""
+def _starts_with(expr: ir.Expr, names: frozenset[str]) -> bool:
+    """Can ``expr`` begin with a reference to one of ``names`` syntactically (through leading
+    groups and options)?"""
     if isinstance(expr, ir.Ref):
-        return expr.name == name
+        return expr.name in names
     if isinstance(expr, ir.Seq):
-        return _starts_with(expr.items[0], name)
+        return _starts_with(expr.items[0], names)
     if isinstance(expr, ir.Choice):
-        return any(_starts_with(e, name) for e in expr.items)
+        return any(_starts_with(e, names) for e in expr.items)
     if isinstance(expr, ir.Repeat):
-        return _starts_with(expr.item, name)
+        return _starts_with(expr.item, names)
     return False
 
 
-def _distribute_leading(name: str, body: ir.Expr, limit: int = 64) -> ir.Expr:
+def _leading_refs(expr: ir.Expr) -> set[str]:
+    """The rules ``expr`` can syntactically begin with (the names ``_starts_with`` would find)."""
+    if isinstance(expr, ir.Ref):
+        return {expr.name}
+    if isinstance(expr, ir.Seq):
+        return _leading_refs(expr.items[0])
+    if isinstance(expr, ir.Choice):
+        return set().union(*(_leading_refs(e) for e in expr.items))
+    if isinstance(expr, ir.Repeat):
+        return _leading_refs(expr.item)
+    return set()
+
+
+def _distribute_leading(names: frozenset[str], body: ir.Expr, limit: int = 64) -> ir.Expr:
     """Pull ``A`` out of leading groups and options: ``(A "+" | A "-")? t`` becomes the
     alternatives ``A "+" t | A "-" t | t``, so the direct rewrite below can see it. Gives up
     (returns ``body``) past ``limit`` alternatives."""
@@ -83,9 +97,9 @@ def _distribute_leading(name: str, body: ir.Expr, limit: int = 64) -> ir.Expr:
         alt = todo.pop()
         items = alt.items if isinstance(alt, ir.Seq) else (alt,)
         first, rest = items[0], items[1:]
-        if isinstance(first, ir.Choice) and _starts_with(first, name):
+        if isinstance(first, ir.Choice) and _starts_with(first, names):
             todo.extend(ir.seq(x, *rest) for x in first.items)
-        elif isinstance(first, ir.Repeat) and (first.min, first.max) == (0, 1) and _starts_with(first, name):
+        elif isinstance(first, ir.Repeat) and (first.min, first.max) == (0, 1) and _starts_with(first, names):
             todo.extend([ir.seq(first.item, *rest), ir.seq(*rest)])
         else:
             done.append(alt)
@@ -104,8 +118,8 @@ def _first_ref(alt: ir.Expr) -> str | None:
 
 
 def _rewrite_direct(name: str, body: ir.Expr) -> ir.Expr:
-    if _starts_with(body, name):
-        body = _distribute_leading(name, body)
+    if _starts_with(body, frozenset([name])):
+        body = _distribute_leading(frozenset([name]), body)
     split = _split_left_recursive(name, body)
     if split is None:
         return body
@@ -115,7 +129,7 @@ def _rewrite_direct(name: str, body: ir.Expr) -> ir.Expr:
 
 def _cyclic_rules(rules: dict[str, ir.Expr]) -> list[str]:
     """Rules on a cycle of syntactic left corners (first items of their alternatives)."""
-    graph = {n: {r for a in _alternatives(b) if (r := _first_ref(a)) in rules} for n, b in rules.items()}
+    graph = {n: _leading_refs(b) & rules.keys() for n, b in rules.items()}
     out = []
     for name in rules:
         seen, todo = set(), list(graph[name])
@@ -142,15 +156,17 @@ def eliminate_left_recursion(grammar: ir.Grammar, limit: int = 64) -> ir.Grammar
     rules = {name: _rewrite_direct(name, body) for name, body in grammar.rules.items()}
     order = _cyclic_rules(rules)
     for i, name in enumerate(order):
-        earlier = set(order[:i])
-        alts = list(_alternatives(_distribute_leading(name, rules[name])))
+        earlier = frozenset(order[:i])
+        alts = list(_alternatives(_distribute_leading(earlier | {name}, rules[name])))
         for _ in range(len(earlier)):
             expanded: list[ir.Expr] = []
             for alt in alts:
                 ref = _first_ref(alt)
                 if ref in earlier:
                     rest = alt.items[1:] if isinstance(alt, ir.Seq) else ()
-                    expanded.extend(ir.seq(b, *rest) for b in _alternatives(_distribute_leading(ref, rules[ref])))
+                    inlined = _distribute_leading(earlier | {name}, rules[ref])
+                    expanded.extend(_alternatives(_distribute_leading(earlier | {name}, ir.choice(
+                        *(ir.seq(b, *rest) for b in _alternatives(inlined))))))
                 else:
                     expanded.append(alt)
             if len(expanded) > limit or expanded == alts:
