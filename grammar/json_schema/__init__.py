@@ -6,15 +6,33 @@ Public entry point: :func:`json_schema_to_grammar`. Submodules, one concept each
 ``strings`` (JSON string encoding of character-level constraints), ``numbers`` (digit
 automata), ``formats`` and ``layout`` (whitespace).
 
-Decisions worth knowing (measured against MaskBench in tests/data/maskbench_json_schema.json):
+Decisions worth knowing (measured on MaskBench dev samples, byte-level walk of
+``json.dumps(data, ensure_ascii=False)``; the ratchet sample is tests/data/maskbench_json_schema.json):
+- Zero invalidations measured (an invalid instance accepted) on ~450 sampled schemas; about 82-93%
+  of schemas pass fully (sample-dependent), ~1.5% "validation errors" (valid instance rejected),
+  the rest refused or over the automaton budget.
 - Properties are emitted in ``properties`` order (then ``required`` names not in
   ``properties``); extra keys may sit in any gap. An instance whose keys come in another order is
-  rejected: a restriction of the output language, never an acceptance of invalid output.
-- Bounded non-integer numbers and ``multipleOf: 0.01``-style steps are exact but exponent-free.
+  rejected: a restriction of the output language, never an acceptance of invalid output. This is
+  the main source of the validation errors above (schemas with alphabetized ``properties``).
+- Numbers: the exact JSON grammar. Integers accept ``5``, ``5.0`` and, when unbounded, ``5e+3``;
+  bounded numbers and ``multipleOf: 0.01``-style steps are exact but exponent-free (``1e2`` for
+  ``maximum: 100`` is rejected, a restriction).
+- Strings: every JSON spelling of each character (raw UTF-8, short escapes, ``\\uXXXX`` in
+  either case, surrogate pairs); lengths count characters. ``maxLength`` next to a ``pattern`` or
+  ``format`` is exact when one repeat carries the slack, else refused.
+- ``format``: the standard formats listed in ``formats`` are enforced; other standard ones are
+  refused; non-standard names are annotations (validators ignore them too).
+- ``nullable`` (OpenAPI) is not JSON Schema: ignored, like jsonschema does.
+- ``oneOf``: a choice when branches are provably disjoint (types, const/enum, required vs
+  forbidden keys), or rewritten as "this branch and not the others" when each branch's negation is
+  expressible; else refused.
 - A keyword that is not enforced exactly raises UnsupportedFeatureError naming it and its JSON
   pointer, unless listed in ``relax_keywords`` (then it is ignored). Annotations
   (``title``, ``description``, ``default``, ``examples``...) and unknown keywords are ignored,
   as the specification says.
+- Indent mode builds containers per depth and stops at depth 32; recursion and reference
+  bombs meet MAX_WORK / MAX_NESTING / MAX_BRANCHES (GrammarBudgetError).
 """
 
 from __future__ import annotations
