@@ -28,6 +28,7 @@ JSON_INTEGER = ir.seq(ir.optional(ir.literal("-")), INT_PART)
 MAX_ENUMERATED_MULTIPLES = 1000
 
 
+@lru_cache(maxsize=4096)
 def digit_class(lo: int, hi: int, base: int = 10) -> ir.Expr:
     """One digit with value in ``lo..hi``; base 16 accepts both letter cases."""
     ranges: list[tuple[int, int]] = []
@@ -39,6 +40,7 @@ def digit_class(lo: int, hi: int, base: int = 10) -> ir.Expr:
     return ir.char_class(ranges)
 
 
+@lru_cache(maxsize=65536)
 def fixed_width_range(lo: str, hi: str, base: int = 10) -> ir.Expr:
     """Digit strings of exactly ``len(lo) == len(hi)`` digits between ``lo`` and ``hi`` (inclusive)."""
     assert len(lo) == len(hi)

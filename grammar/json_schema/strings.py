@@ -21,6 +21,7 @@ _SHORT_ESCAPES = {0x22: '\\"', 0x5C: "\\\\", 0x2F: "\\/", 0x08: "\\b", 0x0C: "\\
 _MUST_ESCAPE = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C))
 
 
+@lru_cache(maxsize=65536)
 def _hex4(lo: int, hi: int) -> ir.Expr:
     return fixed_width_range(f"{lo:04x}", f"{hi:04x}", base=16)
 
@@ -85,6 +86,7 @@ def quoted(value_expr: ir.Expr) -> ir.Expr:
     return ir.seq(QUOTE, encode_value(value_expr), QUOTE)
 
 
+@lru_cache(maxsize=65536)
 def string_literal(text: str) -> ir.Expr:
     """Every JSON spelling of the string ``text``."""
     return quoted(ir.literal(text))
@@ -94,9 +96,9 @@ def any_string(min_len: int = 0, max_len: int | None = None) -> ir.Expr:
     return ir.seq(QUOTE, ir.repeat(ANY_ENCODED_CHAR, min_len, max_len), QUOTE)
 
 
-def not_in(words: frozenset[str] | set[str]) -> ir.Expr:
+@lru_cache(maxsize=4096)
+def not_in(words: frozenset[str]) -> ir.Expr:
     """Character-level language of all strings except ``words`` (a trie complement)."""
-    words = frozenset(words)
     if not words:
         return ir.star(ir.ANY_CHAR)
     parts: list[ir.Expr] = [] if "" in words else [ir.EMPTY]
