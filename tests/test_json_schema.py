@@ -221,3 +221,25 @@ def test_layouts():
     assert matcher_accepts(g, '{ "a" :\n [1 , 2],"b":{ } }')
     assert not matcher_accepts(g, '{"a":[1],' + " " * 4 + '"b":{}}')
     assert matcher_accepts(g, "\n" + json.dumps(inst, indent=1).replace("\n", "\n") + " ")
+
+
+def test_compile_json_schema_wrapper_and_shortest_completion():
+    from grammar import GrammarMatcher, compile_json_schema
+
+    schema = {"type": "object", "properties": {"a": {"const": 1}, "b": {"type": "string"}}, "required": ["a"], "additionalProperties": False}
+    m = GrammarMatcher(compile_json_schema(schema, BYTES, whitespace="compact"))
+    assert m.shortest_completion() == b'{"a":1}'
+    m = GrammarMatcher(compile_json_schema(json.dumps(schema), BYTES))
+    assert m.accept_bytes(b'{"a": 1, "b": "x')
+    tail = m.shortest_completion()
+    assert json.loads(b'{"a": 1, "b": "x' + tail) == {"a": 1, "b": "x"}
+
+
+def test_indent_mode_with_recursion():
+    tree = {"$defs": {"n": {"type": "object", "properties": {"k": {"type": "array", "items": {"$ref": "#/$defs/n"}}}, "additionalProperties": False}}, "$ref": "#/$defs/n"}
+    g = json_schema_to_grammar(tree, whitespace=2)
+    doc = {"k": [{"k": []}, {"k": [{}]}]}
+    assert matcher_accepts(g, json.dumps(doc, indent=2))
+    assert not matcher_accepts(g, json.dumps(doc, indent=4))
+    g0 = json_schema_to_grammar(tree, whitespace=0)
+    assert matcher_accepts(g0, json.dumps(doc, indent=0))
