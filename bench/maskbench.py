@@ -222,7 +222,7 @@ def _allowed(mask: np.ndarray, token: int) -> bool:
     return bool((int(mask[0, token >> 5]) >> (token & 31)) & 1)
 
 
-def run_one(engine: Any, record: dict, tok: Any, eos: int, width: int) -> dict:
+def run_one(engine: Any, record: dict, tok: Any, eos: int, width: int, progress: Callable | None = None) -> dict:
     """Compile ``record['schema']`` and walk every test instance; never raises."""
     out: dict[str, Any] = {"id": record["id"], "engine": engine.name, "tbm_us": [],
                            "features": record.get("meta", {}).get("features", [])}
@@ -235,6 +235,8 @@ def run_one(engine: Any, record: dict, tok: Any, eos: int, width: int) -> dict:
         walker = new()
         walker.fill(mask)
         out["ttfm_us"] = (time.perf_counter() - t0) * 1e6
+        if progress is not None:  # lets the parent tell a timeout in the walk from one in compile
+            progress(out["ttfm_us"])
     except Refused as exc:
         return {**out, "status": "compile", "error": str(exc)[:500]}
     except BaseException as exc:  # an engine bug, not a refusal
@@ -319,7 +321,8 @@ def _worker(conn: Any, engine_names: list[str], tokenizer: str) -> None:
         if task is None:
             return
         name, record = task
-        conn.send(("done", run_one(engines[name], record, tok, eos, width)))
+        report = lambda ttfm: conn.send(("compiled", ttfm))  # noqa: E731
+        conn.send(("done", run_one(engines[name], record, tok, eos, width, report)))
 
 
 class _Slot:
@@ -331,6 +334,7 @@ class _Slot:
         self.proc.start()
         child.close()
         self.task: tuple[str, dict] | None = None
+        self.ttfm: float | None = None  # set when the running task has compiled
         self.started = 0.0
         self.ready = False
         self.done = 0
@@ -358,7 +362,7 @@ def run_pool(tasks: list[tuple[str, dict]], engines: list[str], args: argparse.N
             queue.clear()
         for i, s in enumerate(slots):
             if s.ready and s.task is None and queue:
-                s.task, s.started = queue.pop(), time.monotonic()
+                s.task, s.started, s.ttfm = queue.pop(), time.monotonic(), None
                 s.conn.send(s.task)
         busy = [s for s in slots if s.task]
         deadline = min((s.started + args.timeout for s in busy), default=time.monotonic() + 1)
@@ -373,6 +377,8 @@ def run_pool(tasks: list[tuple[str, dict]], engines: list[str], args: argparse.N
                     continue
                 if kind == "ready":
                     s.ready = True
+                elif kind == "compiled":
+                    s.ttfm = payload
                 else:
                     sink(payload)
                     s.task, s.done = None, s.done + 1
@@ -391,7 +397,9 @@ def run_pool(tasks: list[tuple[str, dict]], engines: list[str], args: argparse.N
 def _lost(slot: _Slot, sink: Callable, status: str, error: str) -> None:
     if slot.task is not None:
         name, record = slot.task
-        sink({"id": record["id"], "engine": name, "status": status, "error": error, "tbm_us": []})
+        extra = {"phase": "compile"} if slot.ttfm is None else {"phase": "walk", "ttfm_us": slot.ttfm}
+        sink({"id": record["id"], "engine": name, "status": status, "error": f"{error} ({extra['phase']})",
+              "tbm_us": [], "features": record.get("meta", {}).get("features", []), **extra})
     slot.kill()
 
 
@@ -442,7 +450,7 @@ def summarize(results: list[dict], engines: list[str]) -> str:
     counts = {e: Counter(r["status"] for r in cols[e]) for e in engines}
     for c in CLASSES:
         lines.append(f"| {c} | " + " | ".join(str(counts[e][c]) for e in engines) + " |")
-    if "formcast" in engines:
+    if "formcast" in engines and any(a in engines for a in ANCHORS):
         lines += ["", "formcast / anchor ratios (lower is better for times):", ""]
         for a in (a for a in ANCHORS if a in engines):
             parts = []
@@ -492,7 +500,7 @@ def failure_report(results: list[dict], engine: str = "formcast", examples: int 
         group: dict[str, list[dict]] = {}
         for r in rows:
             if r["status"] == status:
-                key = _keyword_of(r.get("error", "")) if status != "timeout" else "timeout"
+                key = _keyword_of(r.get("error", "")) if status != "timeout" else f"in {r.get('phase', '?')}"
                 group.setdefault(key, []).append(r)
         if group:
             lines.append(f"\n{status} ({sum(map(len, group.values()))}), by keyword:")
