@@ -48,7 +48,10 @@ def _cap_table(dtype: torch.dtype) -> torch.Tensor:
     """[256, 8] table: for a byte value, the cap of each of its 8 tokens (+inf allowed, -inf masked)."""
     table = _CAP_TABLES.get(dtype)
     if table is None:
-        table = torch.where(_BYTE_BITS.bool(), float("inf"), float("-inf")).to(dtype)
+        # Cached across calls: never let it be born an inference tensor (a first call under
+        # torch.inference_mode would otherwise poison every later call outside it).
+        with torch.inference_mode(False):
+            table = torch.where(_BYTE_BITS.bool(), float("inf"), float("-inf")).to(dtype)
         _CAP_TABLES[dtype] = table
     return table
 
@@ -57,7 +60,8 @@ def _workspace(dtype: torch.dtype, numel: int) -> torch.Tensor:
     """A reused flat buffer of at least ``numel`` elements (grows, never shrinks)."""
     buf = _WORKSPACES.get(dtype)
     if buf is None or buf.numel() < numel:
-        buf = torch.empty(numel, dtype=dtype)
+        with torch.inference_mode(False):  # see _cap_table
+            buf = torch.empty(numel, dtype=dtype)
         _WORKSPACES[dtype] = buf
     return buf[:numel]
 

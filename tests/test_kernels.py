@@ -228,3 +228,17 @@ def test_fast_path_tiling(tile: int, vocab: int, logit_cols: int, monkeypatch) -
         ref = logits.clone()
         apply_token_bitmask_inplace_reference(ref, bitmask, [0, 2, 4])
     assert torch.equal(_bits(ref), _bits(fast))
+
+
+def test_first_call_under_inference_mode_does_not_poison_later_calls():
+    from kernels import bitmask_torch
+
+    bitmask_torch._CAP_TABLES.clear()
+    bitmask_torch._WORKSPACES.clear()
+    bitmask = torch.tensor([[0b101]], dtype=torch.int32)
+    with torch.inference_mode():
+        logits = torch.zeros(1, 3)
+        apply_token_bitmask_inplace(logits, bitmask)
+    logits = torch.zeros(1, 3)
+    apply_token_bitmask_inplace(logits, bitmask)
+    assert logits.tolist() == [[0.0, float("-inf"), 0.0]]
