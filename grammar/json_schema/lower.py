@@ -14,12 +14,11 @@ import copy
 import re
 from typing import Any, Iterable
 
-import jsonschema
-
 from .. import ir
 from ..errors import GrammarBudgetError, SchemaError, UnsupportedFeatureError
 from . import numbers, scalars
 from .layout import MAX_INDENT_DEPTH, Layout
+from .arrays import array_expr
 from .merge import ANNOTATIONS, TYPES, canonical, merge, type_set
 from .objects import object_expr
 from .refs import resolve_pointer
@@ -367,71 +366,8 @@ class Lowerer:
             elif t == "object":
                 alts.append(object_expr(self, schema, ptr, depth))
             elif t == "array":
-                alts.append(self.array(schema, ptr, depth))
+                alts.append(array_expr(self, schema, ptr, depth))
         return ir.choice(*alts)
-
-    def array(self, s: dict, ptr: str, depth: int) -> ir.Expr:
-        layout = self.layout
-        prefix = s.get("prefixItems", [])
-        rest = s.get("items", True)
-        if isinstance(rest, list):
-            prefix, rest = rest, s.get("additionalItems", True)
-        lo, hi = s.get("minItems", 0), s.get("maxItems")
-        if s.get("uniqueItems") is True and (hi is None or hi > 1):
-            self.refuse("uniqueItems", ptr)
-        pv = [self.value(p, f"{ptr}/prefixItems/{i}", depth + 1) for i, p in enumerate(prefix)]
-        for i, e in enumerate(pv):
-            if isinstance(e, ir.Nothing):
-                hi = i if hi is None else min(hi, i)
-                break
-        rv = self.value(rest, f"{ptr}/items", depth + 1)
-        if isinstance(rv, ir.Nothing):
-            hi = len(pv) if hi is None else min(hi, len(pv))
-        if hi is not None and lo > hi:
-            return ir.NOTHING
-        sep = layout.sep(depth)
-        contains = self.deref(s["contains"], f"{ptr}/contains") if "contains" in s else True
-        k = s.get("minContains", 1) if "contains" in s else 0
-        if "maxContains" in s and "contains" in s:
-            self.refuse("maxContains", ptr)
-        if k > 0 and contains is False:
-            return ir.NOTHING
-        if k > 0 and contains is True:
-            lo, k = max(lo, k), 0
-        if hi is not None and lo > hi:
-            return ir.NOTHING
-        if k > 0:
-            body = self._contains(s, ptr, depth, pv, rv, lo, hi, sep)
-        else:
-            body = self._elements(0, max(lo, 1), hi, pv, rv, sep)
-        alts = [ir.seq(layout.open("[", depth), body, layout.close("]", depth))]
-        if lo == 0 and k == 0:
-            alts.append(layout.empty("[]"))
-        return ir.choice(*alts)
-
-    def _elements(self, i: int, lo: int, hi: int | None, pv: list[ir.Expr], rv: ir.Expr, sep: ir.Expr) -> ir.Expr:
-        if hi is not None and i >= hi:
-            return ir.EMPTY if i >= lo else ir.NOTHING
-        lead = sep if i > 0 else ir.EMPTY
-        if i < len(pv):
-            item = ir.seq(lead, pv[i], self._elements(i + 1, lo, hi, pv, rv, sep))
-            return ir.choice(ir.EMPTY, item) if i >= lo else item
-        need, room = max(lo - i, 0), None if hi is None else hi - i
-        if i > 0:
-            return ir.repeat(ir.seq(sep, rv), need, room)
-        tail = ir.seq(rv, ir.repeat(ir.seq(sep, rv), max(need - 1, 0), None if room is None else room - 1))
-        return ir.choice(ir.EMPTY, tail) if need == 0 else tail
-
-    def _contains(self, s: dict, ptr: str, depth: int, pv, rv, lo, hi, sep) -> ir.Expr:
-        k = s.get("minContains", 1)
-        if "maxContains" in s:
-            self.refuse("maxContains", ptr)
-        if pv or hi is not None or lo > k:
-            self.refuse("contains", ptr, "contains with prefixItems, maxItems or minItems above minContains")
-        rest = s.get("items", True) if not isinstance(s.get("items"), list) else s.get("additionalItems", True)
-        hit = self.value({"allOf": [rest, s["contains"]]}, f"{ptr}/contains", depth + 1)
-        gap = ir.star(ir.seq(rv, sep))
-        return ir.seq(gap, hit, ir.repeat(ir.seq(sep, gap, hit), k - 1, k - 1), ir.star(ir.seq(sep, rv)))
 
     def any_value(self, depth: int) -> ir.Expr:
         d = depth if self.layout.depth_sensitive else 0
