@@ -43,6 +43,7 @@ class LazyAutomaton:
         self._stack_depth: list[int] = []
         self._stack_ids: dict[tuple[int, int], int] = {}
         self._closure_memo: dict[int, tuple[frozenset[int], bool]] = {}
+        self._local_memo: dict[int, tuple[list[tuple[int, ...]], bool]] = {}
         self._configs: list[frozenset[int]] = []
         self._config_ids: dict[tuple[frozenset[int], bool], int] = {}
         cap = 64
@@ -104,36 +105,70 @@ class LazyAutomaton:
 
     def _closure(self, sid: int) -> tuple[frozenset[int], bool]:
         """Kernel stacks reachable from stack ``sid`` without consuming a byte, and whether the
-        whole input may end here."""
+        whole input may end here. Built from per-NFA-state local closures: what lies above the
+        parent stack is the same wherever a state occurs, so only the pops walk down the stack."""
         memo = self._closure_memo.get(sid)
         if memo is not None:
             return memo
-        nfa, moves_of = self.nfa, self._moves_of
-        seen = {sid}
-        todo = [sid]
-        kernel: list[int] = []
+        kernel: set[int] = set()
         accepting = False
+        cur = sid
+        while True:
+            q, parent = self._stacks[cur]
+            fragments, pops = self._local_closure(q)
+            for fragment in fragments:
+                top = parent
+                for x in reversed(fragment):
+                    top = self._intern_stack(x, top)
+                kernel.add(top)
+            if not pops:
+                break
+            if parent == EMPTY_STACK:
+                accepting = True
+                break
+            below = self._closure_memo.get(parent)
+            if below is not None:
+                kernel |= below[0]
+                accepting |= below[1]
+                break
+            cur = parent
+        result = (frozenset(kernel), accepting)
+        self._closure_memo[sid] = result
+        return result
+
+    def _local_closure(self, q: int) -> tuple[list[tuple[int, ...]], bool]:
+        """Stack fragments (top first) that ``q`` reaches without consuming a byte and without
+        popping its own frame, whose top can consume a byte; and whether ``q``'s frame can pop."""
+        memo = self._local_memo.get(q)
+        if memo is not None:
+            return memo
+        nfa, moves_of = self.nfa, self._moves_of
+        start = (q,)
+        seen = {start}
+        todo = [start]
+        kernel: list[tuple[int, ...]] = []
+        pops = False
         while todo:
-            x = todo.pop()
-            q, parent = self._stacks[x]
-            if moves_of(q) is not None:
-                kernel.append(x)
-            nxt = [self._intern_stack(t, parent) for t in nfa.eps[q]]
-            for callee, ret in nfa.calls[q]:
-                nxt.append(self._intern_stack(nfa.rule_start[callee], self._intern_stack(ret, parent)))
-            if nfa.final_rule[q] >= 0:
-                if parent == EMPTY_STACK:
-                    accepting = True
+            frag = todo.pop()
+            x = frag[0]
+            if moves_of(x) is not None:
+                kernel.append(frag)
+            rest = frag[1:]
+            nxt = [(t,) + rest for t in nfa.eps[x]]
+            nxt += [(nfa.rule_start[callee], ret) + rest for callee, ret in nfa.calls[x]]
+            if nfa.final_rule[x] >= 0:
+                if rest:
+                    nxt.append(rest)
                 else:
-                    nxt.append(parent)
+                    pops = True
             for y in nxt:
                 if y not in seen:
                     seen.add(y)
                     todo.append(y)
             if len(seen) > self.budget.max_stacks_per_state:
                 raise GrammarBudgetError("grammar is too ambiguous: too many parser stacks at one position")
-        result = (frozenset(kernel), accepting)
-        self._closure_memo[sid] = result
+        result = (kernel, pops)
+        self._local_memo[q] = result
         return result
 
     def _config_for(self, seeds) -> int:

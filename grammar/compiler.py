@@ -43,7 +43,7 @@ class CompileBudget:
     eager_mask_seconds: float = 0.2
     max_automaton_states: int = 250_000
     max_stack_depth: int = 50_000
-    max_mask_cache_bytes: int = 512 << 20
+    max_mask_cache_bytes: int = 64 << 20
 
 
 class CompiledGrammar:
@@ -76,6 +76,7 @@ class CompiledGrammar:
         self._token_next: dict[tuple[int, int], int] = {}
         self._distance: CompletionDistance | None = None
         self._after: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._max_after: dict[int, int] = {}
         self._lock = threading.RLock()
         self.eos_token_ids = frozenset(vocab.eos_token_ids)
         # Small automata (most regexes) get all their masks up front; big ones stay lazy.
@@ -123,6 +124,9 @@ class CompiledGrammar:
         if remaining_tokens > BUDGET_HORIZON:
             return self.token_mask(state)
         with self._lock:
+            worst = self._max_after.get(state)
+            if worst is not None and worst <= remaining_tokens - 2:
+                return self.token_mask(state)
             ids, dists = self._distances_after_token(state)
             if len(dists) == 0 or int(dists.max()) <= remaining_tokens - 2:
                 return self.token_mask(state)
@@ -142,9 +146,13 @@ class CompiledGrammar:
             ids = np.flatnonzero(allowed)
             ends = end_state[ids]
             uniq, inverse = np.unique(ends, return_inverse=True)
-            hit = (ids, self.distance.distances(uniq)[inverse])
+            dists = np.minimum(self.distance.distances(uniq), np.iinfo(np.int32).max)[inverse]
+            hit = (ids.astype(np.int32), dists.astype(np.int32))
+            # One int per state answers most later budget checks; the arrays (one entry per
+            # allowed token) are kept only for the few most recent states.
+            self._max_after[state] = int(dists.max()) if len(dists) else 0
             self._after[state] = hit
-            if len(self._after) > 256:
+            if len(self._after) > 8:
                 self._after.popitem(last=False)
         return hit
 
@@ -178,7 +186,7 @@ class CompiledGrammar:
 
 _CACHE: OrderedDict[tuple, CompiledGrammar] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
-CACHE_SIZE = 128
+CACHE_SIZE = 32
 
 
 def _cached(key: tuple, build) -> CompiledGrammar:
