@@ -57,9 +57,12 @@ def number_expr(schema: dict, pointer: str, integer: bool, refuse: Refuse) -> ir
         # JSON Schema integers are values, not spellings: 10.0 is an integer (json.dumps of a float),
         # and so is 1e+16 when unbounded (a positive exponent on an integral mantissa). Integral
         # values spelled with fraction digits and an exponent (1.5e1) are rejected: a restriction.
+        # The exponent has at most two digits: 9e99726 is an integer in JSON Schema's eyes but
+        # infinity to every float-based parser (json.loads included), so it is never generated.
         expr = ir.seq(expr, ir.optional(ir.seq(ir.literal("."), ir.plus(ir.literal("0")))))
         if ilo is None and ihi is None and k == 1:
-            expr = ir.seq(expr, ir.optional(ir.seq(ir.char_class([(0x45, 0x45), (0x65, 0x65)]), ir.optional(ir.literal("+")), ir.plus(numbers.DIGIT))))
+            exponent = ir.seq(ir.char_class([(0x45, 0x45), (0x65, 0x65)]), ir.optional(ir.literal("+")), ir.repeat(numbers.DIGIT, 1, 2))
+            expr = ir.seq(expr, ir.optional(exponent))
         return expr
     places = None
     if step is not None:

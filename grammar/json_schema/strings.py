@@ -44,6 +44,9 @@ def _astral_escapes(lo: int, hi: int) -> list[ir.Expr]:
     return out
 
 
+_PRINTABLE_ASCII = (0x20, 0x7E)
+
+
 @lru_cache(maxsize=8192)
 def encode_char_class(ranges: tuple[tuple[int, int], ...]) -> ir.Expr:
     """Every JSON spelling of one character from ``ranges``."""
@@ -51,7 +54,10 @@ def encode_char_class(ranges: tuple[tuple[int, int], ...]) -> ir.Expr:
     for cp, text in _SHORT_ESCAPES.items():
         if any(lo <= cp <= hi for lo, hi in ranges):
             parts.append(ir.literal(text))
-    for lo, hi in ranges:
+    # \uXXXX is allowed for every character except printable ASCII: json.dumps never writes
+    # `\u0069` for "i" (with or without ensure_ascii), while small models drift into such
+    # spellings of keys and values and then waste their token budget on them.
+    for lo, hi in ir.subtract_ranges(ranges, [_PRINTABLE_ASCII]):
         if lo <= 0xFFFF:
             parts.append(_u_escape(lo, min(hi, 0xFFFF)))
         if hi >= 0x10000:
