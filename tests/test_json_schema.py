@@ -199,6 +199,9 @@ def test_combinators():
           valid=[{"a": 1, "b": 2}, {"c": 1}, {"a": 1, "c": 1}], invalid=[{"a": 1, "b": 2, "c": 3}, {"a": 1}, {}])
     check({"oneOf": [{"type": "integer"}, {"type": "string"}]}, valid=[7, "s"], invalid=[2.5, None])
     check({"type": ["string", "integer"], "not": {"type": "integer"}}, valid=["s"], invalid=[1])
+    # MaskBench Github_trivial---o23153: excluding "number" must exclude integers too.
+    check({"properties": {"foo": {"not": {"type": "number"}}}}, valid=[{"foo": "x"}, {"foo": None}, {}], invalid=[{"foo": 0}, {"foo": -0}, {"foo": 1e5}, {"foo": 1.5}])
+    check({"not": {"type": ["number", "string"]}}, valid=[None, [], {}, True], invalid=[0, 2.5, "s"])
     check({"type": "string", "not": {"enum": ["a", "b"]}}, valid=["", "c", "ab"], invalid=["a", "b"])
     check({"allOf": [{"type": ["string", "integer", "null"], "not": {"type": "null"}}, {"not": {"enum": ["x"]}, "x-note": 1}, {"x-note": 2}]},
           valid=["y", 3], invalid=["x", None])

@@ -294,7 +294,10 @@ class Lowerer:
                     return False, []
             return schema, excluded
         if keys == {"type"}:
-            types = _effective_types(schema) - _effective_types(neg)
+            excluded_types = _effective_types(neg)
+            if "number" in excluded_types:  # integers are numbers: excluding numbers excludes them
+                excluded_types.add("integer")
+            types = _effective_types(schema) - excluded_types
             if "integer" in _effective_types(neg) and "number" in types:
                 self.refuse("not", ptr, "non-integer numbers")
             return ({**schema, "type": sorted(types)} if types else False), []
