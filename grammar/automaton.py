@@ -22,6 +22,9 @@ from .fsm import ByteNFA
 DEAD = -1
 UNEXPANDED = -2
 EMPTY_STACK = -1
+# Bottom of a *truncated* stack: what lies below is unknown. Popping into it sets the
+# configuration's ``exits`` flag instead of ``accepting`` (see ``truncate``).
+HOLE_STACK = -3
 
 
 @dataclass(frozen=True)
@@ -42,13 +45,15 @@ class LazyAutomaton:
         self._stacks: list[tuple[int, int]] = []
         self._stack_depth: list[int] = []
         self._stack_ids: dict[tuple[int, int], int] = {}
-        self._closure_memo: dict[int, tuple[frozenset[int], bool]] = {}
+        self._closure_memo: dict[int, tuple[frozenset[int], bool, bool]] = {}
         self._local_memo: dict[int, tuple[list[tuple[int, ...]], bool]] = {}
         self._configs: list[frozenset[int]] = []
-        self._config_ids: dict[tuple[frozenset[int], bool], int] = {}
+        self._config_ids: dict[tuple[frozenset[int], bool, bool], int] = {}
+        self._max_depth: dict[int, int] = {}
         cap = 64
         self.table = np.full((cap, 256), UNEXPANDED, dtype=np.int32)
         self.accepting = np.zeros(cap, dtype=bool)
+        self.exits = np.zeros(cap, dtype=bool)
         self.expanded = np.zeros(cap, dtype=bool)
         # Per-state facts computed by the token-mask layer (string-like regions), cached here so
         # they live exactly as long as the automaton.
@@ -94,7 +99,7 @@ class LazyAutomaton:
         key = (state, parent)
         sid = self._stack_ids.get(key)
         if sid is None:
-            depth = 1 if parent == EMPTY_STACK else self._stack_depth[parent] + 1
+            depth = 1 if parent < 0 else self._stack_depth[parent] + 1
             if depth > self.budget.max_stack_depth:
                 raise GrammarBudgetError(f"grammar nesting deeper than {self.budget.max_stack_depth} levels")
             sid = len(self._stacks)
@@ -103,7 +108,7 @@ class LazyAutomaton:
             self._stack_ids[key] = sid
         return sid
 
-    def _closure(self, sid: int) -> tuple[frozenset[int], bool]:
+    def _closure(self, sid: int) -> tuple[frozenset[int], bool, bool]:
         """Kernel stacks reachable from stack ``sid`` without consuming a byte, and whether the
         whole input may end here. Built from per-NFA-state local closures: what lies above the
         parent stack is the same wherever a state occurs, so only the pops walk down the stack."""
@@ -111,7 +116,7 @@ class LazyAutomaton:
         if memo is not None:
             return memo
         kernel: set[int] = set()
-        accepting = False
+        accepting = exits = False
         cur = sid
         while True:
             q, parent = self._stacks[cur]
@@ -126,13 +131,17 @@ class LazyAutomaton:
             if parent == EMPTY_STACK:
                 accepting = True
                 break
+            if parent == HOLE_STACK:
+                exits = True
+                break
             below = self._closure_memo.get(parent)
             if below is not None:
                 kernel |= below[0]
                 accepting |= below[1]
+                exits |= below[2]
                 break
             cur = parent
-        result = (frozenset(kernel), accepting)
+        result = (frozenset(kernel), accepting, exits)
         self._closure_memo[sid] = result
         return result
 
@@ -173,14 +182,18 @@ class LazyAutomaton:
 
     def _config_for(self, seeds) -> int:
         kernel: set[int] = set()
-        accepting = False
+        accepting = exits = False
         for sid in seeds:
-            k, a = self._closure(sid)
+            k, a, e = self._closure(sid)
             kernel |= k
             accepting |= a
-        if not kernel and not accepting:
+            exits |= e
+        if not kernel and not accepting and not exits:
             return DEAD
-        key = (frozenset(kernel), accepting)
+        return self._intern_config(frozenset(kernel), accepting, exits)
+
+    def _intern_config(self, kernel: frozenset[int], accepting: bool, exits: bool) -> int:
+        key = (kernel, accepting, exits)
         cid = self._config_ids.get(key)
         if cid is not None:
             return cid
@@ -191,10 +204,42 @@ class LazyAutomaton:
             )
         if cid >= self.table.shape[0]:
             self._grow()
-        self._configs.append(key[0])
+        self._configs.append(kernel)
         self._config_ids[key] = cid
         self.accepting[cid] = accepting
+        self.exits[cid] = exits
         return cid
+
+    # ------------------------------------------------------------------ truncation
+    def max_depth(self, state: int) -> int:
+        """The deepest stack of ``state`` (1 for a regular grammar)."""
+        depth = self._max_depth.get(state)
+        if depth is None:
+            depth = self._max_depth[state] = max((self._stack_depth[s] for s in self._configs[state]), default=0)
+        return depth
+
+    def truncate(self, state: int, keep: int) -> int:
+        """``state`` with every stack cut to its top ``keep`` frames over a HOLE bottom.
+
+        Deeply nested configurations that agree on their top frames truncate to the same
+        state, so its token mask is computed once and shared; a token that pops into the hole
+        (its configuration has ``exits`` set) must then be checked against the real stack."""
+        with self.lock:
+            stacks = set()
+            for sid in self._configs[state]:
+                frames = []
+                x = sid
+                while x >= 0 and len(frames) < keep:
+                    q, x = self._stacks[x]
+                    frames.append(q)
+                if x < 0:
+                    stacks.add(sid)
+                    continue
+                top = HOLE_STACK
+                for q in reversed(frames):
+                    top = self._intern_stack(q, top)
+                stacks.add(top)
+            return self._intern_config(frozenset(stacks), False, False)
 
     def _grow(self) -> None:
         cap = self.table.shape[0] * 2
@@ -202,6 +247,7 @@ class LazyAutomaton:
         table[: self.table.shape[0]] = self.table
         self.table = table
         self.accepting = np.concatenate([self.accepting, np.zeros(cap - len(self.accepting), dtype=bool)])
+        self.exits = np.concatenate([self.exits, np.zeros(cap - len(self.exits), dtype=bool)])
         self.expanded = np.concatenate([self.expanded, np.zeros(cap - len(self.expanded), dtype=bool)])
 
     # ------------------------------------------------------------------ transitions
@@ -260,7 +306,7 @@ class LazyAutomaton:
         out = []
         for sid in self._configs[state]:
             frames = []
-            while sid != EMPTY_STACK:
+            while sid >= 0:
                 q, sid = self._stacks[sid]
                 frames.append(q)
             out.append(frames)

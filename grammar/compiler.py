@@ -27,6 +27,12 @@ from .token_masks import mask_computer_for, precompute_masks
 from .vocab import TokenVocabulary
 
 
+# In recursive grammars, states deeper than this share the mask of their top KEEP_TOP_FRAMES
+# frames, unless more than MAX_UNCERTAIN_SHARE of the vocabulary could pop below them.
+# (Non-recursive grammars have finitely many states and keep the string-region shortcuts.)
+TRUNCATE_ABOVE_DEPTH = 3
+KEEP_TOP_FRAMES = 2
+MAX_UNCERTAIN_SHARE = 0.1
 # Grammars whose NFA has at most this many states have their masks computed eagerly.
 EAGER_MAX_NFA_STATES = 1500
 # Budget-aware masks look this many tokens ahead; a larger remaining budget counts as unlimited.
@@ -77,6 +83,9 @@ class CompiledGrammar:
         self._distance: CompletionDistance | None = None
         self._after: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._max_after: dict[int, int] = {}
+        self._truncated: OrderedDict[int, tuple[np.ndarray, np.ndarray] | bool] = OrderedDict()
+        self._truncation_useful = True
+        self._truncation_misses = 0
         self._lock = threading.RLock()
         self.eos_token_ids = frozenset(vocab.eos_token_ids)
         # Small automata (most regexes) get all their masks up front; big ones stay lazy.
@@ -107,14 +116,64 @@ class CompiledGrammar:
             if row is not None:
                 self._masks.move_to_end(state)
                 return row
-            allowed, _ = self.masks.allowed(self.automaton, state)
-            if self.automaton.accepting[state]:
-                allowed[self.trie.eos_ids] = True
-            row = pack_bool_mask(allowed)
+            row = None
+            if (
+                self._truncation_useful
+                and self.nfa.recursive
+                and self.automaton.max_depth(state) > TRUNCATE_ABOVE_DEPTH
+                and self.masks._region_of(self.automaton, state) is None  # string-like: own shortcut
+            ):
+                row = self._truncated_mask(state)
+            if row is None:
+                allowed, _ = self.masks.allowed(self.automaton, state)
+                if self.automaton.accepting[state]:
+                    allowed[self.trie.eos_ids] = True
+                row = pack_bool_mask(allowed)
             self._masks[state] = row
             if len(self._masks) > self._max_cached_masks:
                 self._masks.popitem(last=False)
             return row
+
+    def _truncated_mask(self, state: int) -> np.ndarray | None:
+        """The mask of a deeply nested state from the shared mask of its top frames (see
+        ``LazyAutomaton.truncate``): tokens that would pop below them are checked against the
+        real stack, token-major. None when too many tokens would need that check."""
+        top = self.automaton.truncate(state, KEEP_TOP_FRAMES)
+        entry = self._truncated.get(top)
+        if entry is None:
+            allowed, uncertain = self.masks.walk_truncated(self.automaton, top)
+            if len(uncertain) > MAX_UNCERTAIN_SHARE * len(self.trie.sorted_ids):
+                entry = False
+                # Adaptive: a grammar whose truncated states keep leaking (JSON schemas whose
+                # only recursion is "any JSON value") stops paying for the attempt.
+                self._truncation_misses += 1
+                hits = len(self._truncated) - self._truncation_misses
+                if self._truncation_misses >= 4 and self._truncation_misses > hits:
+                    self._truncation_useful = False
+            else:
+                uncertain = uncertain[~allowed[self.trie.sorted_ids[uncertain]]]
+                entry = (pack_bool_mask(allowed), uncertain)
+            self._truncated[top] = entry
+            if len(self._truncated) > 1024:
+                self._truncated.popitem(last=False)
+        if entry is False:
+            return None
+        packed, uncertain = entry
+        row = packed.copy()
+        ids: list[int] = []
+        if len(uncertain):
+            ok = self.masks._simulate(self.automaton, uncertain, np.full(len(uncertain), state, dtype=np.int32), 0)
+            ids = self.trie.sorted_ids[uncertain[ok]].tolist()
+        if self.automaton.accepting[state]:
+            ids += self.trie.eos_ids.tolist()
+        if len(self.trie.dup_src) and ids:
+            extra = np.isin(self.trie.dup_src, ids)
+            ids += self.trie.dup_dst[extra].tolist()
+        if ids:
+            arr = np.array(ids, dtype=np.int64)
+            bits = (np.uint32(1) << (arr & 31).astype(np.uint32)).view(np.int32)
+            np.bitwise_or.at(row, arr >> 5, bits)
+        return row
 
     def budgeted_token_mask(self, state: int, remaining_tokens: int) -> np.ndarray:
         """Tokens after which a complete document still fits in ``remaining_tokens`` tokens in all

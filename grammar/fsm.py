@@ -40,6 +40,7 @@ class ByteNFA:
     rule_start: list[int] = field(default_factory=list)
     rule_final: list[int] = field(default_factory=list)
     root_rule: int = 0
+    recursive: bool = False  # some rule reaches itself: stacks can grow without bound
 
     @property
     def num_states(self) -> int:
@@ -413,4 +414,5 @@ def build_nfa(grammar: ir.Grammar, max_states: int = 2_000_000, max_seconds: flo
     finally:
         sys.setrecursionlimit(limit)
     _check_left_recursion(builder.nfa)
+    builder.nfa.recursive = bool(builder.recursive)
     return builder.nfa

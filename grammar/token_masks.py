@@ -112,9 +112,20 @@ class TokenMaskComputer:
         return None
 
     # ------------------------------------------------------------------ walk with shortcuts
-    def _walk(self, automaton, state: int) -> np.ndarray:
+    def walk_truncated(self, automaton, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """(allowed, sorted positions of uncertain tokens) for a truncated state: tokens that
+        pass through a configuration which may pop into the hole are left out of ``allowed``
+        and listed instead, for the caller to settle against the real stack."""
+        uncertain: list[np.ndarray] = []
+        allowed = self._walk(automaton, state, uncertain)
+        positions = np.unique(np.concatenate(uncertain)) if uncertain else np.zeros(0, dtype=np.int64)
+        return allowed, positions
+
+    def _walk(self, automaton, state: int, uncertain: list | None = None) -> np.ndarray:
         """The trie walk, except that a big subtree entered in a string-like state is settled
-        token-major from that shape's precomputed stay table instead of node by node."""
+        token-major from that shape's precomputed stay table instead of node by node. With
+        ``uncertain``, subtrees at configurations that may pop into a truncation hole are
+        collected there (as sorted token positions) instead of walked."""
         trie = self.trie
         allowed = np.zeros(trie.vocab_size, dtype=bool)
         if not trie.levels:
@@ -126,6 +137,11 @@ class TokenMaskComputer:
             states = automaton.table[parents, level.byte[nodes]]
             live = states >= 0
             nodes, states = nodes[live], states[live]
+            if uncertain is not None:
+                exits = automaton.exits[states]
+                if exits.any():
+                    uncertain.append(_range_positions(level.tok_lo[nodes[exits]], level.tok_hi[nodes[exits]]))
+                    nodes, states = nodes[~exits], states[~exits]
             if len(nodes) == 0:
                 break
             term = level.terminal_token[nodes]
@@ -133,14 +149,14 @@ class TokenMaskComputer:
             if d + 1 == len(trie.levels):
                 break
             if d + 1 <= STAY_DEPTH:
-                nodes, states = self._settle_subtrees(automaton, level, nodes, states, d + 1, allowed)
+                nodes, states = self._settle_subtrees(automaton, level, nodes, states, d + 1, allowed, uncertain)
             nodes, owner = expand_children(level, nodes)
             parents = states[owner]
         if len(trie.dup_src):
             allowed[trie.dup_dst] = allowed[trie.dup_src]
         return allowed
 
-    def _settle_subtrees(self, automaton, level, nodes, states, pos: int, allowed: np.ndarray):
+    def _settle_subtrees(self, automaton, level, nodes, states, pos: int, allowed: np.ndarray, uncertain=None):
         """Settle the big subtrees whose node state is string-like; return the other nodes."""
         big = (level.tok_hi[nodes] - level.tok_lo[nodes]) >= MIN_SUBTREE_TOKENS
         if not big.any():
@@ -163,12 +179,12 @@ class TokenMaskComputer:
             lo, hi, sel_states = level.tok_lo[nodes[sel]], level.tok_hi[nodes[sel]], states[sel]
             stay = self._stay_for(key, canon[key])
             if int((hi - lo).sum()) * 8 > len(trie.sorted_len):
-                self._settle_dense(automaton, lo, hi, sel_states, stay, c, pos, allowed)
+                self._settle_dense(automaton, lo, hi, sel_states, stay, c, pos, allowed, uncertain)
             else:
-                self._settle_sparse(automaton, lo, hi, sel_states, stay, c, pos, allowed)
+                self._settle_sparse(automaton, lo, hi, sel_states, stay, c, pos, allowed, uncertain)
         return nodes[~settled], states[~settled]
 
-    def _settle_sparse(self, automaton, lo, hi, sel_states, stay, c: int, pos: int, allowed) -> None:
+    def _settle_sparse(self, automaton, lo, hi, sel_states, stay, c: int, pos: int, allowed, uncertain=None) -> None:
         trie = self.trie
         counts = hi - lo
         owner = np.repeat(np.arange(len(lo)), counts)
@@ -179,10 +195,10 @@ class TokenMaskComputer:
         allowed[trie.sorted_ids[tokpos[ok]]] = True
         rest = ~ok
         if rest.any():
-            survived = self._simulate(automaton, tokpos[rest], tok_state[rest], pos)
+            survived = self._simulate(automaton, tokpos[rest], tok_state[rest], pos, uncertain)
             allowed[trie.sorted_ids[tokpos[rest][survived]]] = True
 
-    def _settle_dense(self, automaton, lo, hi, sel_states, stay, c: int, pos: int, allowed) -> None:
+    def _settle_dense(self, automaton, lo, hi, sel_states, stay, c: int, pos: int, allowed, uncertain=None) -> None:
         """Same as the sparse path, with whole-vocabulary boolean ops: cheaper for big ranges."""
         trie = self.trie
         n = len(trie.sorted_len)
@@ -196,16 +212,25 @@ class TokenMaskComputer:
         rest = np.flatnonzero(covered & ~inside)
         if len(rest):
             tok_state = sel_states[np.searchsorted(lo, rest, side="right") - 1]
-            survived = self._simulate(automaton, rest, tok_state, pos)
+            survived = self._simulate(automaton, rest, tok_state, pos, uncertain)
             allowed[trie.sorted_ids[rest[survived]]] = True
 
-    def _simulate(self, automaton, tokpos: np.ndarray, states: np.ndarray, pos: int) -> np.ndarray:
-        """Token-major: do these tokens' bytes from ``pos`` on survive from ``states``?"""
+    def _simulate(self, automaton, tokpos: np.ndarray, states: np.ndarray, pos: int, uncertain=None) -> np.ndarray:
+        """Token-major: do these tokens' bytes from ``pos`` on survive from ``states``? With
+        ``uncertain``, tokens reaching a configuration that may pop into a truncation hole are
+        listed there and reported as not surviving."""
         trie = self.trie
         ok = np.zeros(len(tokpos), dtype=bool)
         active = np.arange(len(tokpos))
         st = states.astype(np.int32)
         while len(active):
+            if uncertain is not None:
+                exits = automaton.exits[st]
+                if exits.any():
+                    uncertain.append(tokpos[active[exits]])
+                    active, st = active[~exits], st[~exits]
+                    if len(active) == 0:
+                        break
             done = trie.sorted_len[tokpos[active]] <= pos
             ok[active[done]] = True
             active, st = active[~done], st[~done]
@@ -291,6 +316,13 @@ class TokenMaskComputer:
             sufs = [self._toks[j][int(exit_pos[j]) :] for j in rows]
             suffixes.append((c, build_trie_from(self._ids[rows].tolist(), sufs, self.vocab.vocab_size)))
         return LoopSplit(inside, suffixes)
+
+
+def _range_positions(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """All integers of the half-open ranges [lo, hi), concatenated."""
+    counts = hi - lo
+    owner = np.repeat(np.arange(len(lo)), counts)
+    return lo[owner] + (np.arange(int(counts.sum())) - (np.cumsum(counts) - counts)[owner])
 
 
 def _region(automaton, state: int):

@@ -184,3 +184,4 @@ def walk_trie(trie: TokenTrie, automaton, state: int, want_states: bool = False)
         if want_states:
             end_state[trie.dup_dst] = end_state[trie.dup_src]
     return allowed, end_state
+

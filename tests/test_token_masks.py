@@ -69,3 +69,48 @@ def test_shortcut_masks_equal_plain_walk(seed):
     assert checked > 100
     # The shortcuts must actually have fired for this test to mean anything.
     assert compiled.masks._splits and compiled.masks._stays
+
+
+SEXP = ir.Grammar(
+    {
+        "root": ir.Ref("expr"),
+        "expr": ir.choice(
+            ir.plus(ir.char_class([(ord("a"), ord("e")), (ord("k"), ord("n"))])),
+            ir.seq(ir.literal('"'), STRING_BODY, ir.literal('"')),
+            ir.seq(ir.literal("("), ir.optional(ir.seq(ir.Ref("expr"), ir.star(ir.seq(ir.literal(" "), ir.Ref("expr"))))), ir.literal(")")),
+            ir.seq(ir.literal("["), ir.optional(ir.seq(ir.Ref("expr"), ir.star(ir.seq(ir.literal(", "), ir.Ref("expr"))))), ir.literal("]")),
+        ),
+    }
+)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_truncated_masks_of_deep_states_equal_plain_walk(seed):
+    from grammar.bitmask import pack_bool_mask
+    from grammar.compiler import TRUNCATE_ABOVE_DEPTH
+
+    vocab = synthetic_vocab(seed + 10)
+    compiled = compile_grammar(SEXP, vocab)
+    rng = random.Random(seed)
+    deep = 0
+    for _ in range(6):
+        m = GrammarMatcher(compiled)
+        for step in range(60):
+            state = m.state
+            plain, _ = walk_trie(compiled.trie, compiled.automaton, state)
+            if compiled.automaton.accepting[state]:
+                plain[compiled.trie.eos_ids] = True
+            assert np.array_equal(compiled.token_mask(state), pack_bool_mask(plain)), f"state {state}"
+            deep += compiled.automaton.max_depth(state) > TRUNCATE_ABOVE_DEPTH
+            choices = [t for t in np.flatnonzero(plain) if t not in vocab.eos_token_ids]
+            if not choices:
+                break
+            # Lean towards opening brackets for the first 40 steps so the walk goes deep.
+            opening = [t for t in choices if vocab.token_bytes[t] in (b"(", b"[", b"((", b"[(", b"([")]
+            closing = [t for t in choices if b")" not in vocab.token_bytes[t] and b"]" not in vocab.token_bytes[t]]
+            if step < 40:
+                pick = rng.choice(opening if opening and rng.random() < 0.7 else closing or choices)
+            else:
+                pick = rng.choice(choices)
+            assert m.accept_token(int(pick))
+    assert deep > 50 and compiled._truncated, "the truncated path must actually have been used"
