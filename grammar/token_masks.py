@@ -355,13 +355,12 @@ _LOCK = threading.Lock()
 
 
 def mask_computer_for(vocab: TokenVocabulary) -> TokenMaskComputer:
-    """The process-wide computer of ``vocab`` (built on first use, then shared)."""
-    from .token_trie import trie_for
-
+    """The process-wide computer of ``vocab`` (its trie built on first use, then shared by every
+    grammar compiled against the vocabulary)."""
     with _LOCK:
         comp = _COMPUTERS.get(vocab.fingerprint)
         if comp is None:
-            comp = _COMPUTERS[vocab.fingerprint] = TokenMaskComputer(vocab, trie_for(vocab))
+            comp = _COMPUTERS[vocab.fingerprint] = TokenMaskComputer(vocab, TokenTrie.from_vocab(vocab))
         return comp
 
 

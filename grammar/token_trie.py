@@ -8,7 +8,6 @@ live trie nodes, not vocabulary size times token length. Most tokens die at thei
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,19 +45,6 @@ class TokenTrie:
     @classmethod
     def from_vocab(cls, vocab: TokenVocabulary) -> "TokenTrie":
         return _build_trie(vocab)
-
-
-_TRIES: dict[str, TokenTrie] = {}
-_TRIE_LOCK = threading.Lock()
-
-
-def trie_for(vocab: TokenVocabulary) -> TokenTrie:
-    """The (process-wide cached) trie of ``vocab``."""
-    with _TRIE_LOCK:
-        trie = _TRIES.get(vocab.fingerprint)
-        if trie is None:
-            trie = _TRIES[vocab.fingerprint] = _build_trie(vocab)
-        return trie
 
 
 def _build_trie(vocab: TokenVocabulary) -> TokenTrie:
