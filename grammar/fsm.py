@@ -150,13 +150,17 @@ class _Builder:
     def _build_one(self, e: ir.Expr, s: int, t: int, work: list) -> None:
         kind = type(e)
         if kind in _SHAREABLE and self.occurrences.get(e, 0) > 1 and self.size(e) >= SHARE_MIN_STATES:
-            name = self.shared_rules.get(e)
-            if name is None:
-                name = self.shared_rules[e] = f"__shared{len(self.shared_rules)}"
-                self.bodies[name] = e
-            self.nfa.calls[s].append((self.rule(name), t))
+            self._call_shared(e, s, t)
             return
         self._dispatch[kind](self, e, s, t, work)
+
+    def _call_shared(self, e: ir.Expr, s: int, t: int) -> None:
+        """A call edge to the one rule built for ``e`` (created on first use)."""
+        name = self.shared_rules.get(e)
+        if name is None:
+            name = self.shared_rules[e] = f"__shared{len(self.shared_rules)}"
+            self.bodies[name] = e
+        self.nfa.calls[s].append((self.rule(name), t))
 
     def _empty(self, e: ir.Empty, s: int, t: int, work: list) -> None:
         self.nfa.eps[s].append(t)
@@ -232,26 +236,36 @@ class _Builder:
 
     def _build_repeat(self, e: ir.Repeat, s: int, t: int, work: list) -> None:
         copies = e.min if e.max is None else e.max
-        need = self.size(e.item) * max(copies, 1)
+        # A big item repeated a counted number of times (a JSON string character under
+        # maxLength: 32767) is built once and called from each position: 2 states a copy.
+        shared = copies > 1 and self.size(e.item) >= SHARE_MIN_STATES
+        need = (2 if shared else self.size(e.item)) * max(copies, 1)
         if self.nfa.num_states + need > self.max_states:
             raise GrammarBudgetError(
                 f"repetition {{{e.min},{e.max}}} needs about {need} automaton states, over the budget of {self.max_states}"
             )
+
+        def item(a: int, b: int) -> None:
+            if shared:
+                self._call_shared(e.item, a, b)
+            else:
+                work.append((e.item, a, b))
+
         cur = s
         for _ in range(e.min):
             nxt = self.new_state()
-            work.append((e.item, cur, nxt))
+            item(cur, nxt)
             cur = nxt
         if e.max is None:
             loop = self.new_state()  # fresh, so the loop never leaks into sibling branches
             self.nfa.eps[cur].append(loop)
-            work.append((e.item, loop, loop))
+            item(loop, loop)
             self.nfa.eps[loop].append(t)
             return
         self.nfa.eps[cur].append(t)
         for i in range(e.max - e.min):
             nxt = t if i == e.max - e.min - 1 else self.new_state()
-            work.append((e.item, cur, nxt))
+            item(cur, nxt)
             if nxt != t:
                 self.nfa.eps[nxt].append(t)
             cur = nxt
@@ -268,7 +282,9 @@ class _Builder:
         elif isinstance(e, (ir.Seq, ir.Choice)):
             n = 1 + sum(self.size(i) for i in e.items)
         elif isinstance(e, ir.Repeat):
-            n = 1 + self.size(e.item) * max(e.min if e.max is None else e.max, 1)
+            copies = max(e.min if e.max is None else e.max, 1)
+            item = self.size(e.item)
+            n = 1 + (2 if copies > 1 and item >= SHARE_MIN_STATES else item) * copies
         elif isinstance(e, ir.Ref):
             n = self.size(self.grammar.rules[e.name]) if self._should_inline(e.name) else 1
         else:

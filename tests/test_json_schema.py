@@ -248,3 +248,13 @@ def test_indent_mode_with_recursion():
     assert not matcher_accepts(g, json.dumps(doc, indent=4))
     g0 = json_schema_to_grammar(tree, whitespace=0)
     assert matcher_accepts(g0, json.dumps(doc, indent=0))
+
+
+def test_compile_cache_keeps_property_order_apart():
+    from grammar import GrammarMatcher, compile_json_schema
+
+    a = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}}
+    b = {"type": "object", "properties": {"y": {"type": "integer"}, "x": {"type": "integer"}}}
+    for schema, text in ((a, '{"x": 1, "y": 2}'), (b, '{"y": 2, "x": 1}')):
+        m = GrammarMatcher(compile_json_schema(schema, BYTES))
+        assert m.accept_bytes(text) and m.can_terminate(), text
