@@ -78,7 +78,9 @@ def json_schema_to_grammar(
         sys.setrecursionlimit(limit)
     if isinstance(body, ir.Nothing):
         raise SchemaError("schema is unsatisfiable: no JSON value is valid against it")
-    rules: dict[str, ir.Expr] = {"root": ir.seq(layout.outer(), body, layout.outer())}
+    # No whitespace after the document: nothing ever needs it, and a model that pads before EOS
+    # only wastes its budget (leading whitespace stays allowed, as some models start with a newline).
+    rules: dict[str, ir.Expr] = {"root": ir.seq(layout.outer(), body)}
     rules.update(lowerer.rules)
     grammar = ir.Grammar(rules, "root", "json_schema")
     grammar.validate()
