@@ -164,7 +164,13 @@ class LazyAutomaton:
                 kernel.append(frag)
             rest = frag[1:]
             nxt = [(t,) + rest for t in nfa.eps[x]]
-            nxt += [(nfa.rule_start[callee], ret) + rest for callee, ret in nfa.calls[x]]
+            for callee, ret in nfa.calls[x]:
+                # A call in tail position returns straight to the caller's caller: no frame, so
+                # right recursion (`list ::= item list?`) keeps the stack flat.
+                if self._is_tail_return(ret):
+                    nxt.append((nfa.rule_start[callee],) + rest)
+                else:
+                    nxt.append((nfa.rule_start[callee], ret) + rest)
             if nfa.final_rule[x] >= 0:
                 if rest:
                     nxt.append(rest)
@@ -179,6 +185,10 @@ class LazyAutomaton:
         result = (kernel, pops)
         self._local_memo[q] = result
         return result
+
+    def _is_tail_return(self, ret: int) -> bool:
+        nfa = self.nfa
+        return nfa.final_rule[ret] >= 0 and not nfa.eps[ret] and not nfa.byte_edges[ret] and not nfa.calls[ret]
 
     def _config_for(self, seeds) -> int:
         kernel: set[int] = set()
