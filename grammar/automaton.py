@@ -321,8 +321,3 @@ class LazyAutomaton:
                 frames.append(q)
             out.append(frames)
         return out
-
-    def min_completion_lengths(self) -> "CompletionDistance":
-        from .completion import CompletionDistance
-
-        return CompletionDistance(self)
