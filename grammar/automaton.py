@@ -7,6 +7,10 @@ when the grammar is ambiguous), kept only at "kernel" stacks whose top can consu
 Configurations are interned to dense ids; their transition rows (256 bytes -> id, -1 = dead)
 are computed on first use. For a regular grammar every stack has depth one and this is exactly
 lazy subset construction; for a recursive grammar it is a pushdown automaton explored on demand.
+
+Closures come from per-NFA-state local fragments (what a state pushes without consuming a byte),
+so only pops walk down a stack; calls in tail position push nothing. ``truncate`` cuts a deep
+configuration to its top frames over a HOLE, so nested states can share one mask computation.
 """
 
 from __future__ import annotations
