@@ -88,7 +88,7 @@ class Formcast(Engine):
 
     def compile(self, kind: str, source: str) -> Any:
         import grammar
-        from grammar.compiler import clear_cache
+        from grammar.api import clear_cache
 
         clear_cache()
         if kind == "regex":

@@ -73,7 +73,7 @@ def walk(first_mask, fill, accept, tokens) -> tuple[float, list[float], bool]:
 
 def run_formcast(kind: str, text: str, vocab, tokens):
     from grammar import GrammarMatcher, allocate_token_bitmask
-    from grammar.compiler import clear_cache, compile_ebnf, compile_json_schema
+    from grammar.api import clear_cache, compile_ebnf, compile_json_schema
 
     clear_cache()
     bitmask = allocate_token_bitmask(1, vocab.vocab_size)

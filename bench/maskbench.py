@@ -64,9 +64,9 @@ class FormcastEngine:
         self.width = (self.vocab.vocab_size + 31) // 32
 
     def compile(self, schema: Any) -> Callable[[], Any]:
-        from grammar import compiler
+        from grammar.api import clear_cache
 
-        compiler.clear_cache()
+        clear_cache()
         try:
             compiled = self.grammar.compile_json_schema(schema, self.vocab)
         except self.grammar.GrammarError as exc:

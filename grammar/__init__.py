@@ -31,13 +31,15 @@ from .vocab import TokenVocabulary
 _LAZY = {
     "CompiledGrammar": "compiler",
     "CompileBudget": "compiler",
-    "compile_grammar": "compiler",
-    "compile_regex": "compiler",
-    "compile_json_schema": "compiler",
-    "compile_ebnf": "compiler",
-    "compile_lark": "compiler",
-    "compile_structural_tag": "compiler",
-    "compile_choice": "compiler",
+    "clear_cache": "api",
+    "compile_grammar": "api",
+    "compile_regex": "api",
+    "compile_json_schema": "api",
+    "compile_ebnf": "api",
+    "compile_lark": "api",
+    "compile_structural_tag": "api",
+    "compile_choice": "api",
+    "StructuralTagItem": "structural_tag",
     "GrammarMatcher": "matcher",
 }
 

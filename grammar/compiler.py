@@ -10,11 +10,9 @@ so time to first mask is parse + NFA + the first state's trie walk.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterable
 
 import numpy as np
 
@@ -241,128 +239,9 @@ class CompiledGrammar:
         return self.automaton.is_accepting(state)
 
 
-# ---------------------------------------------------------------------- cache and entry points
-
-_CACHE: OrderedDict[tuple, CompiledGrammar] = OrderedDict()
-_CACHE_LOCK = threading.Lock()
-CACHE_SIZE = 32
-
-
-def _cached(key: tuple, build) -> CompiledGrammar:
-    with _CACHE_LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None:
-            _CACHE.move_to_end(key)
-            return hit
-    compiled = build()
-    with _CACHE_LOCK:
-        _CACHE[key] = compiled
-        while len(_CACHE) > CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    return compiled
-
-
-def clear_cache() -> None:
-    with _CACHE_LOCK:
-        _CACHE.clear()
-
-
 def compile_grammar(
     grammar: ir.Grammar, vocab: TokenVocabulary, *, budget: CompileBudget | None = None, kind: str = "ir", source: str = ""
 ) -> CompiledGrammar:
-    """Compile an IR grammar (uncached: IR objects are not a stable cache key)."""
+    """Compile an IR grammar (uncached: IR objects are not a stable cache key; the cached
+    front-end entry points are in ``api.py``)."""
     return CompiledGrammar(grammar, vocab, budget, kind=kind, source=source)
-
-
-def compile_regex(
-    pattern: str, vocab: TokenVocabulary, *, flavor: str = "python", budget: CompileBudget | None = None
-) -> CompiledGrammar:
-    """A grammar accepting exactly the strings ``re.fullmatch(pattern, s, re.ASCII)`` accepts."""
-    from .regex import regex_to_ir
-
-    def build() -> CompiledGrammar:
-        expr = regex_to_ir(pattern, flavor=flavor, mode="fullmatch")
-        return CompiledGrammar(ir.Grammar({"root": expr}, "root", "regex"), vocab, budget, kind="regex", source=pattern)
-
-    return _cached(("regex", pattern, flavor, budget, vocab.fingerprint), build)
-
-
-def compile_json_schema(
-    schema: dict | str | bool,
-    vocab: TokenVocabulary,
-    *,
-    whitespace: str | int = "flexible",
-    strict_properties: bool = False,
-    max_whitespace: int | None = None,
-    relax_keywords: Iterable[str] = (),
-    budget: CompileBudget | None = None,
-) -> CompiledGrammar:
-    """A grammar accepting JSON documents valid against ``schema`` (see ``json_schema``)."""
-    from .json_schema import json_schema_to_grammar
-
-    source = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
-    relax = tuple(sorted(relax_keywords))
-    options: dict[str, Any] = dict(whitespace=whitespace, strict_properties=strict_properties, relax_keywords=relax)
-    if max_whitespace is not None:
-        options["max_whitespace"] = max_whitespace
-
-    def build() -> CompiledGrammar:
-        g = json_schema_to_grammar(schema, **options)
-        return CompiledGrammar(g, vocab, budget, kind="json_schema", source=source)
-
-    key = ("json_schema", source, tuple(sorted(options.items())), budget, vocab.fingerprint)
-    return _cached(key, build)
-
-
-def compile_ebnf(
-    text: str, vocab: TokenVocabulary, *, root: str = "root", budget: CompileBudget | None = None
-) -> CompiledGrammar:
-    """A grammar from XGrammar/GBNF-style EBNF (``root ::= ...``)."""
-    from .ebnf import ebnf_to_grammar
-
-    def build() -> CompiledGrammar:
-        return CompiledGrammar(ebnf_to_grammar(text, root=root), vocab, budget, kind="ebnf", source=text)
-
-    return _cached(("ebnf", text, root, budget, vocab.fingerprint), build)
-
-
-def compile_lark(
-    text: str, vocab: TokenVocabulary, *, start: str = "start", budget: CompileBudget | None = None
-) -> CompiledGrammar:
-    """A grammar from Lark syntax."""
-    from .lark_grammar import lark_to_grammar
-
-    def build() -> CompiledGrammar:
-        return CompiledGrammar(lark_to_grammar(text, start=start), vocab, budget, kind="lark", source=text)
-
-    return _cached(("lark", text, start, budget, vocab.fingerprint), build)
-
-
-def compile_structural_tag(
-    tags: list, triggers: list[str], vocab: TokenVocabulary, *, budget: CompileBudget | None = None
-) -> CompiledGrammar:
-    """Free text with tool calls: see ``structural_tag``."""
-    from .structural_tag import structural_tag_to_grammar
-
-    source = json.dumps([[getattr(t, "__dict__", t) for t in tags], list(triggers)], sort_keys=True, default=str)
-
-    def build() -> CompiledGrammar:
-        g = structural_tag_to_grammar(tags, triggers)
-        return CompiledGrammar(g, vocab, budget, kind="structural_tag", source=source)
-
-    return _cached(("structural_tag", source, budget, vocab.fingerprint), build)
-
-
-def compile_choice(options: list[str], vocab: TokenVocabulary, *, budget: CompileBudget | None = None) -> CompiledGrammar:
-    """Exactly one of ``options``."""
-    if not options:
-        from .errors import GrammarError
-
-        raise GrammarError("choice needs at least one option")
-    expr = ir.choice(*(ir.literal(o) for o in options))
-    source = json.dumps(list(options))
-
-    def build() -> CompiledGrammar:
-        return CompiledGrammar(ir.Grammar({"root": expr}, "root", "choice"), vocab, budget, kind="choice", source=source)
-
-    return _cached(("choice", source, budget, vocab.fingerprint), build)
