@@ -538,6 +538,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, help="results, one JSON line per (schema, engine)")
     ap.add_argument("--summarize", type=Path, help="print the tables of an earlier --out file and exit")
     ap.add_argument("--failures", default="formcast", help="engine whose failures are listed ('' for none)")
+    ap.add_argument("--resume", type=Path, help="results file of an earlier run: its (schema, engine) pairs are "
+                    "skipped and its results join this run's summary")
     args = ap.parse_args(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in engines if e not in ENGINES]
@@ -557,11 +559,20 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(args: argparse.Namespace, engines: list[str]) -> list[dict]:
     records = load_records(args.input, args.offset, args.limit, args.sample, args.seed)
-    tasks = [(e, r) for r in records for e in engines]
+    earlier: list[dict] = []
+    if args.resume:
+        with open(args.resume, encoding="utf-8") as f:
+            earlier = [json.loads(line) for line in f if line.strip()]
+    done = {(r["engine"], r["id"]) for r in earlier}
+    tasks = [(e, r) for r in records for e in engines if (e, r["id"]) not in done]
     print(f"{len(records)} schemas x {len(engines)} engines, {args.jobs} jobs, timeout {args.timeout:g} s",
           file=sys.stderr)
     results: list[dict] = []
     out = open(args.out, "w", encoding="utf-8") if args.out else None
+    for r in earlier:  # a resumed run's output holds every result, old and new
+        results.append(r)
+        if out:
+            out.write(json.dumps(r, ensure_ascii=False) + "\n")
     t0 = time.monotonic()
 
     def sink(result: dict) -> None:
