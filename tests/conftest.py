@@ -51,3 +51,19 @@ def qwen2_vocab(qwen2_tokenizer):
     from grammar.vocab import TokenVocabulary
 
     return TokenVocabulary.from_tokenizer(qwen2_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def smollm2_model():
+    """The embedded SmolLM2-135M-Instruct (fp32), run on one torch thread: a 135M model gains
+    nothing from a second thread at these batch sizes, and on a busy 2-core machine two threads
+    oversubscribe badly (measured 10x slower under load)."""
+    import torch
+
+    from engine.model_files import load_model_and_tokenizer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model, _ = load_model_and_tokenizer()
+    yield model
+    torch.set_num_threads(threads)

@@ -108,16 +108,6 @@ class _RecordingProcessor(hf_processor.FormcastLogitsProcessor):
                 self.narrowed[row] = not np.array_equal(self._bitmask_np[row, : len(plain)], plain)
 
 
-@pytest.fixture(scope="module")
-def smollm2_model():
-    from engine.model_files import load_model_and_tokenizer
-
-    # One thread: on a busy 2-core machine two threads oversubscribe (see test_e2e_regex).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model, _ = load_model_and_tokenizer()
-    yield model
-    torch.set_num_threads(threads)
 
 
 def _ended_by(ids: list[int], eos: frozenset[int], narrowed: bool) -> str:

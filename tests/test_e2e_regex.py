@@ -43,17 +43,6 @@ def _cases(vocab) -> list[tuple[str, str]]:
     ]
 
 
-@pytest.fixture(scope="module")
-def smollm2_model():
-    from engine.model_files import load_model_and_tokenizer
-
-    # A 135M model at batch 9 gains nothing from a second thread, and on a busy 2-core
-    # machine two threads oversubscribe badly (measured 10x slower under load).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model, _ = load_model_and_tokenizer()
-    yield model
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])

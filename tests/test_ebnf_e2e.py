@@ -11,7 +11,6 @@ import json
 
 import jsonschema
 import pytest
-import torch
 
 from grammar import compile_ebnf, compile_grammar
 from grammar.structural_tag import StructuralTagItem, structural_tag_to_grammar
@@ -29,15 +28,6 @@ PROMPTS = {
 MAX_NEW_TOKENS = 40
 
 
-@pytest.fixture(scope="module")
-def smollm2_model():
-    from engine.model_files import load_model_and_tokenizer
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a busy 2-core machine: two threads oversubscribe
-    model, _ = load_model_and_tokenizer()
-    yield model
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.slow
