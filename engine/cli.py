@@ -84,8 +84,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     from grammar import TokenVocabulary
 
-    from .hf_processor import Constraint, generate_with_grammars
-    from .model_files import load_model_and_tokenizer
+    from .hf.processor import Constraint, generate_with_grammars
+    from .hf.model_files import load_model_and_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
