@@ -98,11 +98,15 @@ class ModelRunner:
         return compute_logits(hidden, self.model.lm_head, batch)
 
     @torch.inference_mode()
-    def sample(self, output: LogitsProcessorOutput, batch: ForwardBatch) -> SamplerOutput:
+    def sample(self, output: LogitsProcessorOutput, batch: ForwardBatch, rows: list[int] | None = None) -> SamplerOutput:
         """The sampling step: grammar bitmask, penalties, temperature / top-k / top-p / min-p,
-        seeds, logprobs (``batch.sampling_info`` says which)."""
+        seeds, logprobs (``batch.sampling_info`` says which). ``rows``: the logits rows that
+        sample (rows still mid-prefill do not), in the order of ``sampling_info``; default all."""
         assert batch.sampling_info is not None, "sampling needs the batch's SamplingBatchInfo"
-        return self.sampler.sample(output.next_token_logits, batch.sampling_info)
+        logits = output.next_token_logits
+        if rows is not None and len(rows) != logits.shape[0]:
+            logits = logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=logits.device))
+        return self.sampler.sample(logits, batch.sampling_info)
 
 
 def _default_model_path() -> Path:
