@@ -252,3 +252,16 @@ def test_bad_input_is_refused_before_admission(engine):
     with pytest.raises(TypeError, match="no_such_option"):
         Engine(no_such_option=1)
     assert engine.generate("hi", {**GREEDY, "max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+def test_reasoning_end_leaves_text_free_until_the_marker():
+    """With ``reasoning_end`` the constraint starts after the marker. Greedy SmolLM2 answers this
+    prompt with "In the year 2023, ..."; with the marker "year" the text stays free up to it,
+    then " \\d{4}" is enforced and the output ends there."""
+    with Engine(dtype="float32", max_total_tokens=2000, num_threads=1, reasoning_end="year") as eng:
+        prompt = eng.apply_chat_template([{"role": "user", "content": "Write a title line, then a year on the next line."}])
+        out = eng.generate(input_ids=prompt, sampling_params={**GREEDY, "max_new_tokens": 40, "regex": r" \d{4}"})
+    free, marker, constrained = out["text"].rpartition("year")
+    assert marker and free, out["text"]
+    assert len(constrained) == 5 and constrained[1:].isdigit(), out["text"]
+    assert out["meta_info"]["finish_reason"]["type"] == "stop"

@@ -92,6 +92,8 @@ class Scheduler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.stats = {"forwards": 0, "prefill_tokens": 0, "cached_tokens": 0, "retractions": 0, "finished": 0}
+        # Seconds spent per phase of a step (the benchmarks read them).
+        self.timing = {"schedule": 0.0, "forward": 0.0, "mask_wait": 0.0, "sample": 0.0, "process": 0.0}
 
     # ------------------------------------------------------------------ thread / inbox
     def start(self) -> None:
@@ -203,7 +205,9 @@ class Scheduler:
         self._drain_inbox()
         self._poll_grammars()
         self._release_finished()  # aborted while running
+        start = time.perf_counter()
         batch = self._next_batch()
+        self.timing["schedule"] += time.perf_counter() - start
         if batch is None:
             return False
         self._run_batch(batch)
@@ -334,18 +338,28 @@ class Scheduler:
 
     # ------------------------------------------------------------------ running
     def _run_batch(self, batch: ScheduleBatch) -> None:
-        runner = self.runner
+        runner, timing = self.runner, self.timing
+        t0 = time.perf_counter()
         forward = batch.to_forward_batch(runner.req_to_token_pool, runner.token_to_kv_pool, self.vocab.vocab_size, self.eos_ids)
         sampling = batch.sampling_reqs()
         fill = None
         if batch.sampling_info is not None and batch.sampling_info.vocab_mask is not None:
             fill = self._mask_pool.submit(self._fill_masks, sampling, batch.sampling_info)
+        t1 = time.perf_counter()
         logits = runner.forward(forward)
+        t2 = time.perf_counter()
         mask_errors = fill.result() if fill is not None else {}
+        t3 = time.perf_counter()
         sampled = runner.sample(logits, forward, batch.sampling_rows) if sampling else None
+        t4 = time.perf_counter()
         self.stats["forwards"] += 1
         self.stats["prefill_tokens"] += sum(n for r, n in zip(batch.reqs, batch.num_tokens) if n > 1)
         self.outputs.process(batch, logits, sampled, mask_errors)
+        timing["schedule"] += t1 - t0
+        timing["forward"] += t2 - t1
+        timing["mask_wait"] += t3 - t2
+        timing["sample"] += t4 - t3
+        timing["process"] += time.perf_counter() - t4
         for req, n in zip(batch.reqs, batch.num_tokens):
             if n > 1 and not req.finished and req.kv_len - n < len(req.origin_input_ids):
                 self.tree_cache.cache_unfinished_req(req)  # a prompt (chunk) others may share
