@@ -38,6 +38,7 @@ from ..managers.req import Req
 from ..managers.scheduler import Scheduler, SchedulerConfig
 from ..model_executor.model_runner import ModelRunner
 from ..sampling_params import InvalidSamplingParams, SamplingParams
+from ..speculative.worker import SpeculativeConfig
 from .engine_args import EngineArgs
 
 
@@ -80,6 +81,13 @@ class Engine:
             enable_prefix_cache=args.enable_prefix_cache,
             enable_jump_forward=args.enable_jump_forward,
             reasoning_end=args.reasoning_end,
+            speculative=SpeculativeConfig(
+                algorithm=args.speculative_algorithm,
+                num_draft_tokens=args.speculative_num_draft_tokens,
+                draft_model_path=args.speculative_draft_model_path,
+                draft_num_layers=args.speculative_draft_num_layers,
+                stop_at_forced=args.enable_jump_forward,
+            ),
         )
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.vocab, self.grammar_backend, config, self._delivery.put)
         self.scheduler.start()

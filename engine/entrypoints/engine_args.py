@@ -25,6 +25,11 @@ class EngineArgs:
     grammar_workers: int = 1
     grammar_compile_timeout: float | None = None  # seconds; default: the grammar budget's
     num_threads: int | None = None  # torch CPU threads
+    # Speculative decoding: none | ngram | grammar | draft_model, or a "+" join (ngram+grammar).
+    speculative_algorithm: str = "none"
+    speculative_num_draft_tokens: int = 4
+    speculative_draft_model_path: str | None = None  # default for draft_model: the target's first layers
+    speculative_draft_num_layers: int | None = None  # layers of that self-speculative draft
 
     @classmethod
     def from_options(cls, model_path: str | None = None, **options: Any) -> EngineArgs:
@@ -37,7 +42,7 @@ class EngineArgs:
         return args
 
     def check(self) -> None:
-        positive = ("max_running_requests", "chunked_prefill_size", "grammar_workers")
+        positive = ("max_running_requests", "chunked_prefill_size", "grammar_workers", "speculative_num_draft_tokens")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -1,6 +1,7 @@
 """The logits head: final hidden states -> next-token logits (and, on request, prompt logprobs
 and hidden states). Only the positions that are sampled are multiplied by the vocabulary matrix:
-each row's last token, or every token when a speculative draft is verified."""
+each row's last token, or the last ``num_logits`` tokens of a row whose drafts are verified
+(every token under ``TARGET_VERIFY``)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,15 @@ from ..model_executor.forward_batch import CaptureHiddenMode, ForwardBatch
 
 @dataclass
 class LogitsProcessorOutput:
-    next_token_logits: torch.Tensor  # [B, V] float32; [T, V] when every position is scored
+    next_token_logits: torch.Tensor  # [sum(num_logits), V] float32: one row per scored position
     # Per row that asked: logprobs [n - 1] of the row's input tokens 2..n given what precedes them.
     input_token_logprobs: list[torch.Tensor | None] | None = None
-    hidden_states: torch.Tensor | None = None  # [B, H] (LAST) or [T, H] (FULL), final-normed
+    hidden_states: torch.Tensor | None = None  # [scored, H] (LAST) or [T, H] (FULL), final-normed
 
 
 def compute_logits(hidden: torch.Tensor, lm_head: torch.Tensor, batch: ForwardBatch) -> LogitsProcessorOutput:
-    if batch.forward_mode.scores_every_position():
-        picked = hidden
-    else:
-        picked = hidden.index_select(0, batch.last_token_indices()) if batch.num_tokens != batch.batch_size else hidden
+    idx = batch.logit_indices()
+    picked = hidden if idx is None else hidden.index_select(0, idx)
     logits = F.linear(picked, lm_head).float()
     out = LogitsProcessorOutput(logits)
     if any(batch.return_input_logprob):

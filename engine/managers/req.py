@@ -64,7 +64,9 @@ class Req:
     first_token_time: float | None = None
     # Output tokens already handed to the detokenizer.
     sent_offset: int = 0
+    reported: bool = False  # the final output (with its finish reason) went to the caller
     retractions: int = 0
+    spec_k: int | None = None  # this request's current draft length (adapted by speculation)
     # Token ids -> text, set by the scheduler for stop-string checks.
     decode: Callable[[list[int]], str] | None = field(default=None, repr=False)
 

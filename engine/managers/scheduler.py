@@ -29,8 +29,10 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import torch
 
 from grammar import GrammarError, GrammarMatcher, TokenVocabulary
 
@@ -38,11 +40,12 @@ from ..constrained.grammar_backend import GrammarBackend
 from ..mem_cache.radix_cache import RadixCache
 from ..model_executor.model_runner import ModelRunner
 from ..sampling.sampling_batch_info import make_generator
+from ..speculative.worker import SpeculativeConfig, SpeculativeWorker, build_drafter
 from .detokenizer import TokenTexts
 from .io_struct import BatchTokenIDOutput
 from .output_processor import OutputProcessor
 from .req import Req
-from .schedule_batch import ScheduleBatch
+from .schedule_batch import RowResult, ScheduleBatch
 
 log = logging.getLogger("formcast.scheduler")
 
@@ -60,6 +63,7 @@ class SchedulerConfig:
     enable_prefix_cache: bool = True
     enable_jump_forward: bool = True
     reasoning_end: str | None = None
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
 
 class Scheduler:
@@ -81,6 +85,10 @@ class Scheduler:
         self.outputs = OutputProcessor(
             tokenizer, self.texts, enable_jump_forward=config.enable_jump_forward, reasoning_end=config.reasoning_end
         )
+        self.spec: SpeculativeWorker | None = None
+        if config.speculative.enabled:
+            drafter = build_drafter(config.speculative, runner, tokenizer, self.texts, vocab.vocab_size, frozenset(vocab.eos_token_ids))
+            self.spec = SpeculativeWorker(drafter, runner.sampler, config.speculative)
         self.tree_cache = RadixCache(runner.req_to_token_pool, runner.token_to_kv_pool, disabled=not config.enable_prefix_cache)
         self.max_running = min(config.max_running_requests, runner.req_to_token_pool.size)
         self.eos_ids = frozenset(vocab.eos_token_ids)
@@ -196,10 +204,10 @@ class Scheduler:
         self.grammar_wait.clear()
         for req in self.running:
             req.abort(message)
-            req.check_finished()
         self._release_finished()
 
     # ------------------------------------------------------------------ one iteration
+    @torch.inference_mode()
     def step(self) -> bool:
         """One scheduling iteration; False when there was nothing to run."""
         self._drain_inbox()
@@ -242,6 +250,9 @@ class Scheduler:
         budget = self.config.chunked_prefill_size
         for req in self.running:
             uncached = req.seq_len - req.kv_len
+            if uncached <= 0:  # cannot happen; finishing it beats waiting forever
+                req.abort("internal error: nothing left to compute for this request")
+                continue
             n = uncached if uncached <= 1 or req.kv_len >= len(req.origin_input_ids) else min(uncached, budget)
             if n <= 0:
                 continue
@@ -253,7 +264,12 @@ class Scheduler:
         if not reqs:
             return None
         batch = ScheduleBatch(reqs, counts)
+        if self.spec is not None:
+            self._draft(batch)
         while not batch.allocate(self.runner.token_to_kv_pool):
+            if batch.has_drafts:  # drafts are optional: drop them before evicting anything
+                batch.drop_drafts()
+                continue
             need = batch.total_tokens - self.runner.token_to_kv_pool.available_size()
             if self.tree_cache.evict(need) >= need:
                 continue
@@ -269,6 +285,16 @@ class Scheduler:
                 return None
             batch = ScheduleBatch(batch.reqs, batch.num_tokens)
         return batch
+
+    def _draft(self, batch: ScheduleBatch) -> None:
+        """Drafts for the rows that decode (their prompt is cached; they sample this step)."""
+        assert self.spec is not None
+        rows = [r for r in batch.sampling_rows if batch.reqs[r].kv_len >= len(batch.reqs[r].origin_input_ids)]
+        if not rows:
+            return
+        proposals = self.spec.plan([batch.reqs[r] for r in rows])
+        for r, draft in zip(rows, proposals):
+            batch.drafts[r] = draft
 
     def _admit(self, reqs: list[Req], counts: list[int], budget: int) -> None:
         pool = self.runner.token_to_kv_pool
@@ -330,6 +356,8 @@ class Scheduler:
         if len(self.running) <= 1:
             return None
         victim = self.running.pop()
+        if self.spec is not None:
+            self.spec.release(victim)
         self.tree_cache.cache_finished_req(victim)
         victim.retractions += 1
         self.stats["retractions"] += 1
@@ -341,20 +369,33 @@ class Scheduler:
         runner, timing = self.runner, self.timing
         t0 = time.perf_counter()
         forward = batch.to_forward_batch(runner.req_to_token_pool, runner.token_to_kv_pool, self.vocab.vocab_size, self.eos_ids)
-        sampling = batch.sampling_reqs()
+        info = batch.sampling_info
         fill = None
-        if batch.sampling_info is not None and batch.sampling_info.vocab_mask is not None:
-            fill = self._mask_pool.submit(self._fill_masks, sampling, batch.sampling_info)
+        if info is not None and info.vocab_mask is not None:
+            fill = self._mask_pool.submit(self._fill_masks, batch, info)
         t1 = time.perf_counter()
         logits = runner.forward(forward)
         t2 = time.perf_counter()
-        mask_errors = fill.result() if fill is not None else {}
+        mask_errors, advanced = fill.result() if fill is not None else ({}, {})
         t3 = time.perf_counter()
-        sampled = runner.sample(logits, forward, batch.sampling_rows) if sampling else None
+        results: list[RowResult] = []
+        if info is not None:
+            rows = batch.sampling_logit_rows()
+            scored = logits.next_token_logits
+            if len(rows) != scored.shape[0]:
+                scored = scored.index_select(0, torch.tensor(rows, dtype=torch.int64, device=scored.device))
+            if batch.has_drafts:
+                assert self.spec is not None
+                results = self.spec.verify(batch, scored, info, advanced)
+                for i, error in mask_errors.items():
+                    results[i].error = error
+            else:
+                sampled = runner.sampler.sample(scored, info)
+                results = self.outputs.results_from_sampler(batch, sampled, mask_errors)
         t4 = time.perf_counter()
         self.stats["forwards"] += 1
         self.stats["prefill_tokens"] += sum(n for r, n in zip(batch.reqs, batch.num_tokens) if n > 1)
-        self.outputs.process(batch, logits, sampled, mask_errors)
+        self.outputs.process(batch, logits, results, advanced, runner.token_to_kv_pool)
         timing["schedule"] += t1 - t0
         timing["forward"] += t2 - t1
         timing["mask_wait"] += t3 - t2
@@ -368,19 +409,33 @@ class Scheduler:
             self.sink(out)
 
     @staticmethod
-    def _fill_masks(reqs: list[Req], info: Any) -> dict[int, str]:
-        """Each constrained row's allowed tokens; runs beside the forward. Errors per row."""
+    def _fill_masks(batch: ScheduleBatch, info: Any) -> tuple[dict[int, str], dict[int, int]]:
+        """Each constrained virtual row's allowed tokens; runs beside the forward. A row with
+        drafts fills one mask per position, pushing its drafts into the matcher as it goes
+        (``advanced``: how many; the output step rolls back the rejected ones). Errors per row."""
         bitmask = info.vocab_mask_numpy()
         errors: dict[int, str] = {}
-        for i, req in enumerate(reqs):
-            if not info.grammar_rows[i]:
+        advanced: dict[int, int] = {}
+        v = 0
+        for i, row in enumerate(batch.sampling_rows):
+            req, drafts = batch.reqs[row], batch.drafts[row].tokens
+            if not info.grammar_rows[v]:
+                v += len(drafts) + 1
                 continue
+            done = 0
             try:
-                req.grammar.fill_next_token_bitmask(bitmask, i, remaining_tokens=max(1, req.remaining_tokens))
+                for j in range(len(drafts) + 1):
+                    req.grammar.fill_next_token_bitmask(bitmask, v + j, remaining_tokens=max(1, req.remaining_tokens - j))
+                    if j < len(drafts):
+                        if not req.grammar.accept_token(drafts[j]):
+                            break
+                        done += 1
             except GrammarError as exc:
                 errors[i] = str(exc)
-                bitmask[i] = -1
-        return errors
+                bitmask[v : v + len(drafts) + 1] = -1
+            advanced[i] = done
+            v += len(drafts) + 1
+        return errors, advanced
 
     def _release_finished(self) -> None:
         done = [r for r in self.running if r.finished or r.to_abort is not None]
@@ -389,7 +444,10 @@ class Scheduler:
         for req in done:
             if not req.finished:
                 req.check_finished()
+            if not req.reported:
                 self.sink(OutputProcessor.step_outputs([req]))
+            if self.spec is not None:
+                self.spec.release(req)
             self.tree_cache.cache_finished_req(req)
             self.stats["finished"] += 1
         self.running = [r for r in self.running if r.req_pool_idx is not None]

@@ -8,9 +8,10 @@ tokens ``extend_start_loc[r] .. + extend_seq_lens[r]``; its KV cache afterwards 
 
 Modes (SGLang's names): ``EXTEND`` (prefill, possibly of a suffix after a cached prefix),
 ``DECODE`` (one token per row), ``MIXED`` (both kinds of rows in one pass), ``TARGET_VERIFY``
-(speculative decoding: each row extends by its draft and needs logits at every position) and
-``DRAFT_EXTEND`` (the draft model catching up). The attention backend reads only the per-row
-lengths, so any mode may mix row shapes; the mode tells the logits head which positions to score.
+(every position of every row is scored) and ``DRAFT_EXTEND`` (the draft model catching up). The
+attention backend reads only the per-row lengths, so any mode may mix row shapes. Which positions
+get logits is per row (``ForwardInput.num_logits``): the last token of a prefill or decode row,
+the drafts + 1 of a speculative row verified inside an ordinary mixed batch.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class ForwardInput:
     input_ids: Sequence[int]  # tokens to add (one for a decode row)
     out_cache_loc: torch.Tensor  # KV slots for them, allocated by the caller
     return_input_logprob: bool = False
+    num_logits: int = 1  # trailing positions to score (a speculative row: its drafts + 1)
 
 
 @dataclass
@@ -78,6 +80,7 @@ class ForwardBatch:
     extend_prefix_lens_cpu: list[int] = field(default_factory=list)
     extend_seq_lens_cpu: list[int] = field(default_factory=list)
     extend_start_loc_cpu: list[int] = field(default_factory=list)
+    num_logits_cpu: list[int] = field(default_factory=list)  # scored positions per row
     attn_metadata: Any = None  # filled by the attention backend before the layers run
 
     @property
@@ -136,6 +139,7 @@ class ForwardBatch:
             extend_prefix_lens_cpu=prefix,
             extend_seq_lens_cpu=ext,
             extend_start_loc_cpu=starts,
+            num_logits_cpu=[min(x.num_logits, n) for x, n in zip(inputs, ext)],
         )
         batch._record_slots()
         return batch
@@ -150,10 +154,10 @@ class ForwardBatch:
             slot, prefix = int(self.req_pool_indices[r]), self.extend_prefix_lens_cpu[r]
             table[slot, prefix : prefix + n] = self.out_cache_loc[start : start + n]
 
-    def last_token_indices(self) -> torch.Tensor:
-        """Index into the flat tokens of each row's last token [B]."""
-        return torch.tensor(
-            [s + n - 1 for s, n in zip(self.extend_start_loc_cpu, self.extend_seq_lens_cpu)],
-            dtype=torch.int64,
-            device=self.input_ids.device,
-        )
+    def logit_indices(self) -> torch.Tensor | None:
+        """Flat token indices whose logits are computed: each row's last ``num_logits`` tokens
+        (every token under ``TARGET_VERIFY``); None when that is every token."""
+        if self.forward_mode.scores_every_position() or sum(self.num_logits_cpu) == self.num_tokens:
+            return None
+        idx = [s + n - k + i for s, n, k in zip(self.extend_start_loc_cpu, self.extend_seq_lens_cpu, self.num_logits_cpu) for i in range(k)]
+        return torch.tensor(idx, dtype=torch.int64, device=self.input_ids.device)

@@ -24,6 +24,7 @@ from ..layers.attention import TorchAttention
 from ..layers.logits import LogitsProcessorOutput, compute_logits
 from ..mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from ..models.config import ModelConfig
+from ..models.llama import LlamaForCausalLM
 from ..models.loader import load_model, resolve_dtype
 from ..sampling.sampler import Sampler, SamplerOutput
 from .forward_batch import ForwardBatch
@@ -44,7 +45,10 @@ class ModelRunner:
         max_running_requests: int = 64,
         context_length: int | None = None,
         num_threads: int | None = None,
+        model: LlamaForCausalLM | None = None,
     ) -> None:
+        """``model``: run this already-loaded model (e.g. a draft sharing the target's layers)
+        instead of loading ``model_path``; ``dtype`` is then the model's."""
         if not 0.0 < mem_fraction <= 1.0:
             raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
         if max_running_requests < 1:
@@ -53,11 +57,15 @@ class ModelRunner:
             torch.set_num_threads(num_threads)
         self.device = torch.device(device)
         self.model_path = Path(model_path) if model_path is not None else _default_model_path()
-        if not self.model_path.is_dir():
-            raise FileNotFoundError(f"model folder {self.model_path} does not exist")
-        self.model_config = ModelConfig.from_folder(self.model_path)
-        self.dtype = resolve_dtype(dtype, self.device)
-        self.model = load_model(self.model_path, self.dtype, self.device)
+        if model is not None:
+            self.model, self.model_config = model, model.config
+            self.dtype = model.embed_tokens.dtype
+        else:
+            if not self.model_path.is_dir():
+                raise FileNotFoundError(f"model folder {self.model_path} does not exist")
+            self.model_config = ModelConfig.from_folder(self.model_path)
+            self.dtype = resolve_dtype(dtype, self.device)
+            self.model = load_model(self.model_path, self.dtype, self.device)
         self.context_len = self.model_config.context_len
         if context_length is not None:
             if context_length < 2:

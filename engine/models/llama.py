@@ -106,3 +106,21 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, self.rotary, attn, batch)
         return self.norm(hidden)
+
+    def first_layers(self, num_layers: int) -> LlamaForCausalLM:
+        """A model made of this one's first ``num_layers`` decoder layers, its final norm and its
+        head, sharing their tensors: a self-speculative draft that costs no extra weights."""
+        import dataclasses
+
+        if not 1 <= num_layers <= self.config.num_layers:
+            raise ValueError(f"num_layers must be in [1, {self.config.num_layers}], got {num_layers}")
+        cfg = dataclasses.replace(self.config, num_layers=num_layers)
+        with torch.device("meta"):
+            draft = LlamaForCausalLM(dataclasses.replace(cfg, num_layers=0))
+        draft.config = cfg
+        draft.embed_tokens = self.embed_tokens
+        draft.layers = nn.ModuleList(self.layers[:num_layers])
+        draft.norm = self.norm
+        draft.lm_head = self.lm_head
+        draft.rotary = self.rotary
+        return draft.eval()
