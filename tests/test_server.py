@@ -6,8 +6,9 @@ official ``openai`` package.
   with every ``tool_choice``; outputs validate against their schemas; usage matches the tokens;
 * bad input: each error case answers its status and a message naming the problem, and the next
   good request succeeds;
-* load: 64 concurrent streams with mixed constraints each finish exactly once, whole, and the KV
-  pool is free afterwards; then 16 clients leave mid-stream and the pool is free again;
+* load: 64 concurrent streams with mixed constraints (and 8 bad requests among them, refused
+  with 400) each finish exactly once, whole, and the KV pool is free afterwards; then 16 clients
+  leave mid-stream and the pool is free again;
 * SIGTERM: in-flight requests finish or are aborted, the process exits.
 """
 
@@ -498,14 +499,25 @@ def test_64_concurrent_streams_then_16_disconnects_leave_the_pool_free(server, e
     assert _held_slots(engine) == 0
     finished_before = _metric(server, "formcast_requests_total")
 
-    async def load() -> list[dict]:
+    async def refused(client: openai.AsyncOpenAI, i: int) -> str:
+        bad = [{"regex": "(unclosed"}, {"json_schema": {"type": "nope"}}, {"ebnf": "root ::= missing"}, {"temperature": -1}][i % 4]
+        try:
+            await client.chat.completions.create(model=model, messages=_ask("hi"), max_tokens=4, stream=True, extra_body=bad)
+        except openai.BadRequestError as exc:
+            return exc.message
+        return "accepted"
+
+    async def load() -> tuple[list[dict], list[str]]:
         client = server.async_client()
         try:
-            return await asyncio.wait_for(asyncio.gather(*(_one_stream(client, model, i) for i in range(64))), timeout=900)
+            good = asyncio.gather(*(_one_stream(client, model, i) for i in range(64)))
+            bad = asyncio.gather(*(refused(client, i) for i in range(8)))  # among them: they disturb nothing
+            return await asyncio.wait_for(asyncio.gather(good, bad), timeout=900)
         finally:
             await client.close()
 
-    results = asyncio.run(load())
+    results, refusals = asyncio.run(load())
+    assert all(message != "accepted" for message in refusals), refusals
     assert len(results) == 64
     for got in results:
         _check_load_result(got)
