@@ -355,6 +355,8 @@ BAD_REQUESTS = [
     ("chat", {"max_tokens": 8190}, 400, ["max_tokens", "context"]),
     ("chat", {"stream_options": {"include_usage": True}}, 400, ["stream_options"]),
     ("chat", {"model": "gpt-17"}, 404, ["gpt-17"]),
+    ("chat", {"tools": TOOLS, "tool_choice": "sometimes"}, 400, ["tool_choice", "'sometimes'"]),
+    ("completions", {"prompt": 123}, 400, ["prompt", "expected one of", "list[int]"]),
     ("completions", {"prompt": [[5, 10**9]]}, 400, ["input_ids", "1000000000"]),
     ("completions", {"prompt": ""}, 400, ["prompt", "empty"]),
     ("completions", {"prompt": "x", "suffix": "y"}, 400, ["suffix"]),

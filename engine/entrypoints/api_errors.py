@@ -90,10 +90,16 @@ def validation_error(exc: RequestValidationError) -> APIError:
     """A pydantic validation failure -> 400 naming the first offending field."""
     errors = exc.errors()
     first: dict[str, Any] = errors[0] if errors else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    where = ".".join(loc) or "body"
+    where, tags = _location(first.get("loc", ()))
     kind = first.get("type", "")
-    if kind == "extra_forbidden":
+    # A value that fits no member of a union fails once per member: report the union once.
+    alternatives = [e for e in errors if _union_head(e) == _union_head(first)] if tags else []
+    if len(alternatives) > 1:
+        forms = sorted({_location(e["loc"])[1][0] for e in alternatives})
+        message = f"{where}: expected one of {', '.join(forms)}; got {_short(first.get('input'))}"
+        errors = [e for e in errors if e not in alternatives]
+        first = {}
+    elif kind == "extra_forbidden":
         message = f"{where}: unknown field (not part of this API; extensions go at the top level of the body)"
     elif kind == "json_invalid":
         message = f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}"
@@ -102,7 +108,36 @@ def validation_error(exc: RequestValidationError) -> APIError:
         message = f"{where}: required field missing"
     else:
         message = f"{where}: {first.get('msg', 'invalid value')}"
-    more = len(errors) - 1
+    more = len(errors) - (1 if first else 0)
     if more > 0:
         message += f" (and {more} more error{'s' if more > 1 else ''})"
     return bad_request(message, param=where)
+
+
+def _location(loc: Any) -> tuple[str, list[str]]:
+    """(dotted field path, the union members named along it). pydantic puts a union member's
+    type (``str``, ``list[int]``, ``NamedToolChoice``) into the location; fields are snake_case."""
+    parts, tags = [], []
+    for p in loc:
+        if p == "body":
+            continue
+        if isinstance(p, str) and (p in ("str", "int", "float", "bool", "dict", "list") or "[" in p or p[:1].isupper()):
+            tags.append(p)
+        else:
+            parts.append(str(p))
+    return ".".join(parts) or "body", tags
+
+
+def _union_head(error: dict[str, Any]) -> tuple:
+    """The location up to its first union member (the field that holds the union)."""
+    head = []
+    for p in error.get("loc", ()):
+        if _location((p,))[1]:
+            break
+        head.append(p)
+    return tuple(head)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
