@@ -16,7 +16,10 @@ Data flow::
       managers/detokenizer.py   incremental text deltas -> the caller (sync or asyncio)
 
 ``hf/`` serves ``transformers`` users (a drop-in ``LogitsProcessor`` on the same grammar backend,
-the embedded model's files, offline tokenizers). ``entrypoints/cli.py`` is ``formcast``.
+the embedded model's files, offline tokenizers). ``entrypoints/cli.py`` is ``formcast``;
+``entrypoints/http_server.py`` is ``formcast serve``, the OpenAI-compatible server over one Engine
+(``serving_chat.py`` / ``serving_completions.py`` map requests onto ``SamplingParams`` through
+``to_sampling_params``, ``tool_calls.py`` constrains and parses tool calls).
 """
 
 from .sampling_params import SamplingParams, to_sampling_params

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import grammar
 from grammar import CompileBudget, GrammarError, TokenVocabulary
@@ -46,6 +47,8 @@ class GrammarBackend:
         self._outcomes: OrderedDict[tuple, Future] = OrderedDict()
         self._lock = threading.Lock()
         self.stats = {"compiles": 0, "hits": 0, "errors": 0}
+        # Each is called with (kind, seconds) after every compile, refused or not (server metrics).
+        self.compile_observers: list[Callable[[str, float], None]] = []
 
     @staticmethod
     def key_of(params: SamplingParams) -> tuple | None:
@@ -88,6 +91,7 @@ class GrammarBackend:
     # ------------------------------------------------------------------ compiling
     def _compile_key(self, key: tuple) -> grammar.CompiledGrammar:
         kind, source, strict = key
+        start = time.perf_counter()
         try:
             return self._compile(kind, source, strict)
         except GrammarError as exc:
@@ -98,6 +102,9 @@ class GrammarBackend:
         except (RecursionError, MemoryError, OverflowError) as exc:
             self.stats["errors"] += 1
             raise InvalidGrammar(kind, f"too large or too deep to compile ({type(exc).__name__})") from None
+        finally:
+            for observe in self.compile_observers:
+                observe(kind, time.perf_counter() - start)
 
     def _compile(self, kind: str, source: str, strict: bool) -> grammar.CompiledGrammar:
         vocab, budget = self.vocab, self.budget

@@ -1,4 +1,4 @@
-"""Command line: ``formcast generate`` (also ``python -m engine generate``), on the Engine.
+"""Command line: ``formcast generate`` and ``formcast serve`` (also ``python -m engine ...``).
 
     formcast generate --regex '\\d{4}-\\d{2}-\\d{2}' --prompt "When did Apollo 11 land?"
     formcast generate --json-schema schema.json --prompt "A user profile" --max-new-tokens 128
@@ -10,17 +10,26 @@ With ``--prompt``, only the generated text goes to stdout (one line, so it pipes
 own ``json_schema`` / ``regex`` / ``ebnf`` replaces the command line's); all lines run as one
 batch and one JSON result per line goes to stdout in input order, with a progress bar on stderr.
 Exit status: 0 ok, 1 some batch line failed, 2 bad arguments or a bad constraint.
+
+    formcast serve [--model PATH] [--host 127.0.0.1] [--port 30000] [--api-key KEY] [engine options]
+
+starts the OpenAI-compatible server (``http_server.py``). Its engine options are ``EngineArgs``'
+fields, spelt with dashes (``--max-total-tokens``, ``--max-waiting-requests``, ``--dtype``, ...),
+so a new engine option appears here without touching this file.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
+
+from .engine_args import EngineArgs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +52,56 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None, metavar="S")
     gen.add_argument("--no-chat", action="store_true", help="use the prompt as raw text, without the chat template")
     gen.add_argument("--threads", type=int, default=None, metavar="K", help="torch CPU threads")
+    _add_serve_parser(sub)
     return parser
+
+
+def _add_serve_parser(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server")
+    serve.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder (default: embedded SmolLM2-135M-Instruct)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=30000)
+    serve.add_argument("--api-key", default=os.environ.get("FORMCAST_API_KEY"), help="require 'Authorization: Bearer KEY' on /v1 (default: $FORMCAST_API_KEY)")
+    serve.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the model folder's name)")
+    serve.add_argument("--shutdown-timeout", type=float, default=20.0, metavar="S", help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument("--no-access-log", action="store_true")
+    engine_opts = serve.add_argument_group("engine options")
+    for f in dataclasses.fields(EngineArgs):
+        if f.name == "model_path":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kind = str(f.type)
+        if kind == "bool":
+            engine_opts.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, dest=f"engine_{f.name}")
+        else:
+            convert = int if kind.startswith("int") else float if kind.startswith("float") else str
+            engine_opts.add_argument(flag, type=convert, default=f.default, dest=f"engine_{f.name}", metavar=f.name.upper())
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    _quiet_libraries()
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    from .http_server import ServerSettings, run_server
+
+    options = {k[len("engine_") :]: v for k, v in vars(args).items() if k.startswith("engine_")}
+    options["model_path"] = args.model
+    EngineArgs.from_options(**options)  # bad engine options exit 2 before the model loads
+    settings = ServerSettings(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or None,
+        served_model_name=args.served_model_name,
+        shutdown_timeout=args.shutdown_timeout,
+        log_level=args.log_level,
+        access_log=not args.no_access_log,
+    )
+    print("formcast: loading model...", file=sys.stderr, flush=True)
+    try:
+        run_server(settings, options)
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled, after its clean shutdown
+        pass
+    return 0
 
 
 def _file_or_text(value: str) -> str:
@@ -174,7 +232,7 @@ def _run_batch(engine: Any, records: list[dict], prompts: list, params: list) ->
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return cmd_generate(args)
+        return cmd_serve(args) if args.command == "serve" else cmd_generate(args)
     except (ValueError, FileNotFoundError) as exc:  # GrammarError and bad sampling params are ValueErrors
         print(f"formcast: error: {exc}", file=sys.stderr)
         return 2
