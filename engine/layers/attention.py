@@ -15,16 +15,21 @@ layout work (which slots each row reads, which rows share a padded block) is don
 Padding points at slot 0, which the pool keeps zeroed, and is masked out: a padded key never
 contributes, and never reads a freed slot whose contents may be anything.
 
-On CUDA, decode rows may go through the Triton kernel in ``kernels`` instead (see
-``DecodeKernel``); the torch path is the reference it is tested against.
+On the CPU with a float32 cache, decode rows go through one compiled loop instead
+(``cpu_decode_attention``): it reads each key and value once, straight from the pool, without
+the gathered copy and the padding. The grouped SDPA path is the reference it is tested against,
+and serves other dtypes and devices.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from . import cpu_decode_attention
 
 from ..model_executor.forward_batch import ForwardBatch
 
@@ -49,9 +54,20 @@ class ExtendRow:
 
 
 @dataclass
+class PagedDecode:
+    """Decode rows for the compiled CPU kernel: their slots flattened, no padding."""
+
+    token_index: torch.Tensor | None  # positions of the rows' query tokens; None = all tokens, in order
+    kv_index: np.ndarray  # int64, the rows' slots one after another
+    kv_start: np.ndarray  # int64 [rows]
+    kv_len: np.ndarray  # int64 [rows]
+
+
+@dataclass
 class AttentionMetadata:
     decode_groups: list[DecodeGroup]
     extend_rows: list[ExtendRow]
+    paged_decode: PagedDecode | None = None
 
 
 def group_decode_rows(lengths: list[int]) -> list[list[int]]:
@@ -73,14 +89,40 @@ def group_decode_rows(lengths: list[int]) -> list[list[int]]:
 
 
 class TorchAttention:
-    """The attention backend for CPU tensors (and the reference for the CUDA kernels)."""
+    """The attention backend: SDPA over gathered K/V, and the compiled CPU decode kernel where
+    it applies (``use_cpu_kernel``; default: a float32 pool on the CPU with numba available)."""
+
+    def __init__(self, use_cpu_kernel: bool | None = None) -> None:
+        self.use_cpu_kernel = use_cpu_kernel
+
+    def _cpu_kernel_applies(self, batch: ForwardBatch) -> bool:
+        pool = batch.token_to_kv_pool
+        default = pool.device.type == "cpu" and pool.dtype == torch.float32 and cpu_decode_attention.available()
+        return default if self.use_cpu_kernel is None else self.use_cpu_kernel and default
 
     def init_forward_metadata(self, batch: ForwardBatch) -> AttentionMetadata:
         table = batch.req_to_token_pool.req_to_token
         decode = [r for r in range(batch.batch_size) if batch.extend_seq_lens_cpu[r] == 1]
+        if decode and self._cpu_kernel_applies(batch):
+            meta = AttentionMetadata([], self._extend_rows(batch, table), self._paged_decode(batch, table, decode))
+            return meta
         groups = []
         for rows in group_decode_rows([batch.seq_lens_cpu[r] for r in decode]):
             groups.append(self._decode_group(batch, table, [decode[i] for i in rows]))
+        return AttentionMetadata(groups, self._extend_rows(batch, table))
+
+    @staticmethod
+    def _paged_decode(batch: ForwardBatch, table: torch.Tensor, rows: list[int]) -> PagedDecode:
+        lens = [batch.seq_lens_cpu[r] for r in rows]
+        slots = torch.cat([table[int(batch.req_pool_indices[r]), :n] for r, n in zip(rows, lens)])
+        starts = np.zeros(len(rows), dtype=np.int64)
+        np.cumsum(lens[:-1], out=starts[1:])
+        all_rows = len(rows) == batch.num_tokens
+        token_index = None if all_rows else torch.tensor([batch.extend_start_loc_cpu[r] for r in rows], dtype=torch.int64)
+        return PagedDecode(token_index, slots.numpy(), starts, np.asarray(lens, dtype=np.int64))
+
+    @staticmethod
+    def _extend_rows(batch: ForwardBatch, table: torch.Tensor) -> list[ExtendRow]:
         extend = []
         for r in range(batch.batch_size):
             n = batch.extend_seq_lens_cpu[r]
@@ -93,7 +135,7 @@ class TorchAttention:
                 q_pos = torch.arange(seq - n, seq, device=table.device).unsqueeze(1)
                 mask = torch.arange(seq, device=table.device).unsqueeze(0) <= q_pos
             extend.append(ExtendRow(batch.extend_start_loc_cpu[r], n, slots, mask))
-        return AttentionMetadata(groups, extend)
+        return extend
 
     @staticmethod
     def _decode_group(batch: ForwardBatch, table: torch.Tensor, rows: list[int]) -> DecodeGroup:
@@ -117,6 +159,8 @@ class TorchAttention:
         meta: AttentionMetadata = batch.attn_metadata
         out = torch.empty_like(q)
         heads, dim = q.shape[1], q.shape[2]
+        if meta.paged_decode is not None:
+            self._paged_decode_forward(q, k_buf, v_buf, meta.paged_decode, out)
         for g in meta.decode_groups:
             b = g.token_index.numel()
             qg = q.index_select(0, g.token_index).view(b, heads, 1, dim)
@@ -132,3 +176,16 @@ class TorchAttention:
             orow = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=row.mask, is_causal=causal, enable_gqa=True)
             out[row.q_start : row.q_start + row.q_len] = orow[0].transpose(0, 1)
         return out
+
+    @staticmethod
+    def _paged_decode_forward(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pd: PagedDecode, out: torch.Tensor) -> None:
+        heads, dim, kv_heads = q.shape[1], q.shape[2], k_buf.shape[1]
+        qd = q if pd.token_index is None else q.index_select(0, pd.token_index)
+        od = out if pd.token_index is None else torch.empty_like(qd)
+        kernel = cpu_decode_attention.kernel_for(dim, heads // kv_heads)
+        kernel(
+            qd.contiguous().numpy(), k_buf.view(-1, dim).numpy(), v_buf.view(-1, dim).numpy(), pd.kv_index,
+            pd.kv_start, pd.kv_len, od.numpy(), np.float32(dim**-0.5), kv_heads,
+        )  # fmt: skip
+        if pd.token_index is not None:
+            out.index_copy_(0, pd.token_index, od)
