@@ -45,7 +45,7 @@ def test_cpu_kernel_matches_sdpa(heads, kv_heads, dim):
     v = torch.randn(t, kv_heads, dim, generator=g)
     outs = []
     for use_kernel in (True, False):
-        backend = TorchAttention(use_cpu_kernel=use_kernel)
+        backend = TorchAttention(use_paged_kernel=use_kernel)
         batch.attn_metadata = backend.init_forward_metadata(batch)
         assert (batch.attn_metadata.paged_decode is not None) == use_kernel
         outs.append(backend.forward(q, k, v, 0, batch))

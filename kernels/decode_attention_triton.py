@@ -1,0 +1,81 @@
+"""Paged decode attention as a Triton kernel (GPU tensors; also runs under ``TRITON_INTERPRET=1``).
+
+One program per (request, KV head): it loads the ``group`` query heads that share the KV head,
+walks the request's KV slots ``BLOCK_N`` at a time (slot ids come from the flattened page table),
+gathers those K and V rows straight from the pool, and keeps an online softmax (running max,
+running sum, rescaled accumulator), so each key and value is read once and no padded or gathered
+copy is ever made. Scores are a broadcast multiply-and-sum rather than ``tl.dot``: a decode step
+has one query per head, far below the tensor cores' tile, and the kernel is bound by reading K/V.
+
+Imports only torch and triton.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 32
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, kv_index_ptr, kv_start_ptr, kv_len_ptr, scale,
+    stride_qb, stride_qh, stride_kt, stride_kh, stride_ob, stride_oh,
+    GROUP: tl.constexpr, GROUP_P: tl.constexpr, DIM: tl.constexpr, DIM_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    start = tl.load(kv_start_ptr + b)
+    n = tl.load(kv_len_ptr + b)
+    g = tl.arange(0, GROUP_P)
+    d = tl.arange(0, DIM_P)
+    head = h * GROUP + g
+    qmask = (g < GROUP)[:, None] & (d < DIM)[None, :]
+    q = tl.load(q_ptr + b * stride_qb + head[:, None] * stride_qh + d[None, :], mask=qmask, other=0.0).to(tl.float32)
+    q = q * scale
+    m = tl.full([GROUP_P], float("-inf"), tl.float32)
+    total = tl.zeros([GROUP_P], tl.float32)
+    acc = tl.zeros([GROUP_P, DIM_P], tl.float32)
+    for off in range(0, n, BLOCK_N):
+        j = off + tl.arange(0, BLOCK_N)
+        valid = j < n
+        slot = tl.load(kv_index_ptr + start + j, mask=valid, other=0).to(tl.int64)
+        kvmask = valid[:, None] & (d < DIM)[None, :]
+        rows = slot[:, None] * stride_kt + h * stride_kh + d[None, :]
+        k = tl.load(k_ptr + rows, mask=kvmask, other=0.0).to(tl.float32)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        v = tl.load(v_ptr + rows, mask=kvmask, other=0.0).to(tl.float32)
+        total = total * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m = m_new
+    out = acc / total[:, None]
+    tl.store(out_ptr + b * stride_ob + head[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty), mask=qmask)
+
+
+def paged_decode_attention_triton(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    kv_index: torch.Tensor,
+    kv_start: torch.Tensor,
+    kv_len: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
+) -> None:
+    """q / out [B, H, D]; k_buffer / v_buffer [slots, KVH, D] (one layer of the pool); row ``b``
+    attends to slots ``kv_index[kv_start[b] : kv_start[b] + kv_len[b]]`` (every row >= 1 slot)."""
+    batch, heads, dim = q.shape
+    kv_heads = k_buffer.shape[1]
+    group = heads // kv_heads
+    assert k_buffer.stride(2) == 1 and q.stride(2) == 1 and out.stride(2) == 1, "head_dim must be contiguous"
+    _paged_decode_kernel[(batch, kv_heads)](
+        q, k_buffer, v_buffer, out, kv_index, kv_start, kv_len, scale,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), out.stride(0), out.stride(1),
+        GROUP=group, GROUP_P=triton.next_power_of_2(group), DIM=dim, DIM_P=triton.next_power_of_2(dim), BLOCK_N=BLOCK_N,
+    )  # fmt: skip
