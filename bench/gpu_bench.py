@@ -174,6 +174,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokenizer", type=Path, default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--skip-engine", action="store_true", help="kernels only")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "needs a CUDA device"
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
@@ -181,8 +182,9 @@ def main() -> None:
 
     bench_gpu_apply(0.5)
     bench_decode_attention(args.quick)
-    check_runner_vs_transformers()
-    engine_and_decode_speed(args.tokenizer, args.quick)
+    if not args.skip_engine:
+        check_runner_vs_transformers()
+        engine_and_decode_speed(args.tokenizer, args.quick)
 
 
 if __name__ == "__main__":

@@ -21,14 +21,16 @@ def paged_decode_attention(
     kv_len: torch.Tensor,
     out: torch.Tensor,
     scale: float | None = None,
+    max_len: int | None = None,
 ) -> None:
     """q / out [B, H, D]; k_buffer / v_buffer [slots, KVH, D]; row ``b`` attends to slots
-    ``kv_index[kv_start[b] : kv_start[b] + kv_len[b]]``. Writes ``out`` in place."""
+    ``kv_index[kv_start[b] : kv_start[b] + kv_len[b]]``. Writes ``out`` in place. ``max_len``
+    (the longest row), when the caller knows it, spares the kernel a device read."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if q.device.type == "cuda":
         from .decode_attention_triton import paged_decode_attention_triton
 
-        paged_decode_attention_triton(q, k_buffer, v_buffer, kv_index, kv_start, kv_len, out, scale)
+        paged_decode_attention_triton(q, k_buffer, v_buffer, kv_index, kv_start, kv_len, out, scale, max_len=max_len)
         return
     paged_decode_attention_reference(q, k_buffer, v_buffer, kv_index, kv_start, kv_len, out, scale)
 

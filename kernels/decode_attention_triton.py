@@ -1,11 +1,17 @@
 """Paged decode attention as a Triton kernel (GPU tensors; also runs under ``TRITON_INTERPRET=1``).
 
-One program per (request, KV head): it loads the ``group`` query heads that share the KV head,
-walks the request's KV slots ``BLOCK_N`` at a time (slot ids come from the flattened page table),
-gathers those K and V rows straight from the pool, and keeps an online softmax (running max,
-running sum, rescaled accumulator), so each key and value is read once and no padded or gathered
-copy is ever made. Scores are a broadcast multiply-and-sum rather than ``tl.dot``: a decode step
-has one query per head, far below the tensor cores' tile, and the kernel is bound by reading K/V.
+One program per (request, KV head, split of the context): it loads the ``group`` query heads that
+share the KV head, walks its part of the request's KV slots ``BLOCK_N`` at a time (slot ids come
+from the flattened page table), gathers those K and V rows straight from the pool, and keeps an
+online softmax (running max, running sum, rescaled accumulator), so each key and value is read
+once and no padded or gathered copy is ever made. Scores are a broadcast multiply-and-sum rather
+than ``tl.dot``: a decode step has one query per head, far below the tensor cores' tile, and the
+kernel is bound by reading K/V.
+
+Splits: with few requests, (request, KV head) pairs alone leave most of the GPU idle on long
+contexts (measured on an H200: one program walking 8K tokens took 0.3-0.4 ms, longer than
+gathering and SDPA). The context is then cut into splits, each program writes an unnormalized
+partial result with its max and sum, and a small reduction combines them (flash-decoding).
 
 Imports only torch and triton.
 """
@@ -21,14 +27,17 @@ BLOCK_N = 32
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, kv_index_ptr, kv_start_ptr, kv_len_ptr, scale,
-    stride_qb, stride_qh, stride_kt, stride_kh, stride_ob, stride_oh,
+    q_ptr, k_ptr, v_ptr, acc_ptr, m_ptr, l_ptr, kv_index_ptr, kv_start_ptr, kv_len_ptr, scale,
+    stride_qb, stride_qh, stride_kt, stride_kh, splits, split_size,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, DIM: tl.constexpr, DIM_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
+    sp = tl.program_id(2).to(tl.int64)
     start = tl.load(kv_start_ptr + b)
     n = tl.load(kv_len_ptr + b)
+    lo = sp * split_size
+    hi = tl.minimum(lo + split_size, n)
     g = tl.arange(0, GROUP_P)
     d = tl.arange(0, DIM_P)
     head = h * GROUP + g
@@ -38,9 +47,9 @@ def _paged_decode_kernel(
     m = tl.full([GROUP_P], float("-inf"), tl.float32)
     total = tl.zeros([GROUP_P], tl.float32)
     acc = tl.zeros([GROUP_P, DIM_P], tl.float32)
-    for off in range(0, n, BLOCK_N):
+    for off in range(lo, hi, BLOCK_N):
         j = off + tl.arange(0, BLOCK_N)
-        valid = j < n
+        valid = j < hi
         slot = tl.load(kv_index_ptr + start + j, mask=valid, other=0).to(tl.int64)
         kvmask = valid[:, None] & (d < DIM)[None, :]
         rows = slot[:, None] * stride_kt + h * stride_kh + d[None, :]
@@ -54,8 +63,16 @@ def _paged_decode_kernel(
         total = total * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m = m_new
-    out = acc / total[:, None]
-    tl.store(out_ptr + b * stride_ob + head[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty), mask=qmask)
+    # Partials [B, H, splits(, D)]; an empty split leaves max -inf and sum 0.
+    part = (b * (tl.num_programs(1) * GROUP) + head) * splits + sp
+    tl.store(acc_ptr + part[:, None] * DIM + d[None, :], acc, mask=qmask)
+    tl.store(m_ptr + part, m, mask=g < GROUP)
+    tl.store(l_ptr + part, total, mask=g < GROUP)
+
+
+# Programs that keep the GPU busy: below this many (request, KV head) pairs, contexts are split.
+TARGET_PROGRAMS = 512
+MIN_SPLIT = 256
 
 
 def paged_decode_attention_triton(
@@ -67,15 +84,33 @@ def paged_decode_attention_triton(
     kv_len: torch.Tensor,
     out: torch.Tensor,
     scale: float,
+    max_len: int | None = None,
+    split_size: int | None = None,
 ) -> None:
     """q / out [B, H, D]; k_buffer / v_buffer [slots, KVH, D] (one layer of the pool); row ``b``
-    attends to slots ``kv_index[kv_start[b] : kv_start[b] + kv_len[b]]`` (every row >= 1 slot)."""
+    attends to slots ``kv_index[kv_start[b] : kv_start[b] + kv_len[b]]`` (every row >= 1 slot).
+    ``max_len``: the longest row (read from ``kv_len`` if not given); ``split_size``: tokens per
+    program (default: chosen from the batch's size so about ``TARGET_PROGRAMS`` programs run)."""
     batch, heads, dim = q.shape
     kv_heads = k_buffer.shape[1]
     group = heads // kv_heads
-    assert k_buffer.stride(2) == 1 and q.stride(2) == 1 and out.stride(2) == 1, "head_dim must be contiguous"
-    _paged_decode_kernel[(batch, kv_heads)](
-        q, k_buffer, v_buffer, out, kv_index, kv_start, kv_len, scale,
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), out.stride(0), out.stride(1),
+    assert k_buffer.stride(2) == 1 and q.stride(2) == 1, "head_dim must be contiguous"
+    longest = int(kv_len.max()) if max_len is None else max_len
+    if split_size is None:
+        wanted = max(1, TARGET_PROGRAMS // (batch * kv_heads))
+        split_size = max(MIN_SPLIT, triton.cdiv(triton.cdiv(longest, wanted), BLOCK_N) * BLOCK_N)
+    splits = triton.cdiv(longest, split_size)
+    acc = torch.empty((batch, heads, splits, dim), dtype=torch.float32, device=q.device)
+    m = torch.empty((batch, heads, splits), dtype=torch.float32, device=q.device)
+    total = torch.empty_like(m)
+    _paged_decode_kernel[(batch, kv_heads, splits)](
+        q, k_buffer, v_buffer, acc, m, total, kv_index, kv_start, kv_len, scale,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), splits, split_size,
         GROUP=group, GROUP_P=triton.next_power_of_2(group), DIM=dim, DIM_P=triton.next_power_of_2(dim), BLOCK_N=BLOCK_N,
     )  # fmt: skip
+    if splits == 1:
+        out.copy_(acc[:, :, 0] / total)
+        return
+    top = m.max(dim=-1, keepdim=True).values
+    weight = torch.exp(m - top)  # empty splits: exp(-inf) = 0
+    out.copy_((acc * weight.unsqueeze(-1)).sum(dim=2) / (total * weight).sum(dim=-1, keepdim=True))

@@ -65,6 +65,7 @@ class PagedDecode:
     kv_index: torch.Tensor  # int64, the rows' slots one after another
     kv_start: torch.Tensor  # int64 [rows]
     kv_len: torch.Tensor  # int64 [rows]
+    max_len: int
 
 
 @dataclass
@@ -131,7 +132,7 @@ class TorchAttention:
         long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
         all_rows = len(rows) == batch.num_tokens
         token_index = None if all_rows else long([batch.extend_start_loc_cpu[r] for r in rows])
-        return PagedDecode(kernel, token_index, slots, long(starts), long(lens))
+        return PagedDecode(kernel, token_index, slots, long(starts), long(lens), max(lens))
 
     @staticmethod
     def _extend_rows(batch: ForwardBatch, table: torch.Tensor) -> list[ExtendRow]:
@@ -195,7 +196,7 @@ class TorchAttention:
         qd = (q if pd.token_index is None else q.index_select(0, pd.token_index)).contiguous()
         od = out if pd.token_index is None else torch.empty_like(qd)
         if pd.kernel == "triton":
-            paged_decode_attention(qd, k_buf, v_buf, pd.kv_index, pd.kv_start, pd.kv_len, od)
+            paged_decode_attention(qd, k_buf, v_buf, pd.kv_index, pd.kv_start, pd.kv_len, od, max_len=pd.max_len)
         else:
             cpu_decode_attention.kernel_for(dim, heads // kv_heads)(
                 qd.numpy(), k_buf.view(-1, dim).numpy(), v_buf.view(-1, dim).numpy(), pd.kv_index.numpy(),
