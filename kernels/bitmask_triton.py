@@ -58,7 +58,7 @@ def _apply_token_bitmask_kernel(
 
 # Masks over at least this many logits use whole-tile stores (see FULL_STORE); measured on an
 # H200 (BENCHMARKS.md): masked partial stores win on small batches, whole tiles on large ones.
-FULL_STORE_MIN_ELEMENTS = 1 << 62
+FULL_STORE_MIN_ELEMENTS = 1 << 22
 
 
 def apply_token_bitmask_inplace_triton(

@@ -45,9 +45,9 @@ for i, (heads, kv_heads, dim, lens) in enumerate(json.loads(sys.argv[1])):
     q, k, v, idx, start, n = make_case(heads, kv_heads, dim, lens, seed=i)
     b = torch.empty_like(q)
     paged_decode_attention_reference(q, k, v, idx, start, n, b, dim ** -0.5)
-    for split in (None, 32):  # one split per row, and contexts cut into 32-token splits
+    for split, dot in ((None, False), (32, False), (None, True)):  # one split / 32-token splits / tl.dot
         a = torch.empty_like(q)
-        paged_decode_attention_triton(q, k, v, idx, start, n, a, dim ** -0.5, split_size=split)
+        paged_decode_attention_triton(q, k, v, idx, start, n, a, dim ** -0.5, split_size=split, use_dot=dot)
         ok.append(bool(torch.allclose(a, b, atol=1e-5)))
 print(json.dumps(ok))
 """
@@ -58,7 +58,7 @@ def test_triton_kernel_matches_reference_under_interpreter() -> None:
     env = dict(os.environ, TRITON_INTERPRET="1", FORMCAST_ROOT=str(ROOT))
     proc = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(CASES)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True] * (2 * len(CASES))
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True] * (3 * len(CASES))
 
 
 def test_reference_matches_the_engine_attention_path() -> None:
@@ -90,5 +90,5 @@ def test_triton_kernel_on_gpu(dtype) -> None:
             got = torch.empty_like(q)
             from kernels.decode_attention_triton import paged_decode_attention_triton
 
-            paged_decode_attention_triton(q, k, v, idx, start, n, got, dim**-0.5, split_size=split)
+            paged_decode_attention_triton(q, k, v, idx, start, n, got, dim**-0.5, split_size=split)  # dot on bf16
             assert torch.allclose(got.float(), ref, atol=1e-5 if dtype == torch.float32 else 3e-2)
