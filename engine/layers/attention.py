@@ -19,7 +19,7 @@ Decode rows can instead go through a kernel that reads each key and value once, 
 the pool, without the gathered copy and the padding: on the CPU with a float32 cache the
 compiled loop of ``cpu_decode_attention`` (numba), on CUDA the Triton kernel of
 ``kernels.paged_decode_attention``. The grouped SDPA path is the reference both are tested
-against, and serves the remaining cases (a bfloat16 cache on the CPU, no numba).
+against, and serves the remaining cases (a float16 cache on the CPU, no numba).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class TorchAttention:
         pool = batch.token_to_kv_pool
         if pool.device.type == "cuda":
             return "triton"
-        if pool.device.type == "cpu" and pool.dtype == torch.float32 and cpu_decode_attention.available():
+        if pool.device.type == "cpu" and pool.dtype in (torch.float32, torch.bfloat16) and cpu_decode_attention.available():
             return "numba"
         return None
 
@@ -198,9 +198,15 @@ class TorchAttention:
         if pd.kernel == "triton":
             paged_decode_attention(qd, k_buf, v_buf, pd.kv_index, pd.kv_start, pd.kv_len, od, max_len=pd.max_len)
         else:
-            cpu_decode_attention.kernel_for(dim, heads // kv_heads)(
-                qd.numpy(), k_buf.view(-1, dim).numpy(), v_buf.view(-1, dim).numpy(), pd.kv_index.numpy(),
-                pd.kv_start.numpy(), pd.kv_len.numpy(), od.numpy(), np.float32(dim**-0.5), kv_heads,
+            bf16 = k_buf.dtype == torch.bfloat16
+            rows = (lambda t: t.view(-1, dim).view(torch.uint16)) if bf16 else (lambda t: t.view(-1, dim))  # noqa: E731
+            q32 = qd.float() if qd.dtype != torch.float32 else qd
+            o32 = od if od.dtype == torch.float32 else torch.empty_like(q32)
+            cpu_decode_attention.kernel_for(dim, heads // kv_heads, bf16)(
+                q32.numpy(), rows(k_buf).numpy(), rows(v_buf).numpy(), pd.kv_index.numpy(),
+                pd.kv_start.numpy(), pd.kv_len.numpy(), o32.numpy(), np.float32(dim**-0.5), kv_heads,
             )  # fmt: skip
+            if o32 is not od:
+                od.copy_(o32)
         if pd.token_index is not None:
             out.index_copy_(0, pd.token_index, od)

@@ -10,7 +10,7 @@ and release the GIL, so the grammar's mask worker runs meanwhile.
 
 Measured on the 2-core box (BENCHMARKS.md, ModelRunner section): against gathering K/V with
 ``index_select`` then ``scaled_dot_product_attention`` per length group, this reads about a third
-of the bytes. float32 pools only; other dtypes use the torch path.
+of the bytes. float32 and bfloat16 pools; float16 uses the torch path.
 """
 
 from __future__ import annotations
@@ -31,14 +31,17 @@ def available() -> bool:
     return njit is not None
 
 
-def _build(dim: int, lanes: int):  # type: ignore[no-untyped-def]
-    """The kernel for ``head_dim == dim`` with ``lanes`` query heads per task. Both are
-    compile-time constants: the inner loops over ``dim`` vectorize (measured 1.6x faster than a
-    runtime trip count, at memory-copy speed) and unused lanes fold away."""
+def _build(dim: int, lanes: int, bf16: bool):  # type: ignore[no-untyped-def]
+    """The kernel for ``head_dim == dim`` with ``lanes`` query heads per task, over a float32 or
+    (``bf16``) bfloat16 cache. All three are compile-time constants: the inner loops over ``dim``
+    vectorize (measured 1.6x faster than a runtime trip count, at memory-copy speed), unused lanes
+    fold away, and a bfloat16 row is widened to float32 (the top half of its bits) in a small
+    buffer as it is read, so the cache is read at half the bytes."""
 
     @njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
     def paged_decode_attention(q, k_rows, v_rows, kv_index, kv_start, kv_len, out, scale, num_kv_heads):  # pragma: no cover - compiled
-        """q [B, H, D] float32; k_rows / v_rows [slots * num_kv_heads, D] (the pool of one layer);
+        """q [B, H, D] float32; k_rows / v_rows [slots * num_kv_heads, D] (the pool of one layer,
+        float32, or bfloat16 bits as uint16);
         row ``b`` attends to slots ``kv_index[kv_start[b] : kv_start[b] + kv_len[b]]``; writes
         out [B, H, D]."""
         batch, heads, _ = q.shape
@@ -58,8 +61,16 @@ def _build(dim: int, lanes: int):  # type: ignore[no-untyped-def]
             n = kv_len[b]
             base = kv_start[b]
             s = np.empty((4, n), dtype=np.float32)
+            wide = np.empty(dim, dtype=np.uint32)
+            row = wide.view(np.float32)
             for j in range(n):
-                kr = k_rows[kv_index[base + j] * num_kv_heads + h]
+                if bf16:
+                    src = k_rows[kv_index[base + j] * num_kv_heads + h]
+                    for d in range(dim):
+                        wide[d] = np.uint32(src[d]) << np.uint32(16)
+                    kr = row
+                else:
+                    kr = k_rows[kv_index[base + j] * num_kv_heads + h]
                 a0 = np.float32(0.0)
                 a1 = np.float32(0.0)
                 a2 = np.float32(0.0)
@@ -83,7 +94,13 @@ def _build(dim: int, lanes: int):  # type: ignore[no-untyped-def]
             o = np.zeros((4, dim), dtype=np.float32)
             o0, o1, o2, o3 = o[0], o[1], o[2], o[3]
             for j in range(n):
-                vr = v_rows[kv_index[base + j] * num_kv_heads + h]
+                if bf16:
+                    src = v_rows[kv_index[base + j] * num_kv_heads + h]
+                    for d in range(dim):
+                        wide[d] = np.uint32(src[d]) << np.uint32(16)
+                    vr = row
+                else:
+                    vr = v_rows[kv_index[base + j] * num_kv_heads + h]
                 p0 = s[0, j]
                 p1 = s[1, j]
                 p2 = s[2, j]
@@ -124,10 +141,11 @@ if njit is not None:
     _KERNELS: dict = {}
 
 
-def kernel_for(head_dim: int, group: int):  # type: ignore[no-untyped-def]
-    """The compiled kernel for ``head_dim`` and ``group`` query heads per KV head (built on
-    first use, cached on disk by numba)."""
-    key = (head_dim, min(group, LANES))
+def kernel_for(head_dim: int, group: int, bf16: bool = False):  # type: ignore[no-untyped-def]
+    """The compiled kernel for ``head_dim``, ``group`` query heads per KV head and the cache's
+    dtype (built on first use, cached on disk by numba). A bfloat16 cache is passed as its
+    ``int16``/``uint16`` view; queries and output stay float32."""
+    key = (head_dim, min(group, LANES), bf16)
     kernel = _KERNELS.get(key)
     if kernel is None:
         kernel = _KERNELS[key] = _build(*key)

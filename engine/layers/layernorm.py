@@ -1,9 +1,11 @@
 """RMSNorm computed in float32, then cast back, as the Llama family is trained (and as
-``transformers`` computes it, so logits agree to 1e-5)."""
+``transformers`` computes it, so logits agree to 1e-5). One fused ``rms_norm`` call per use: a
+decode step runs 61 of them, and on the CPU each separate elementwise op costs a dispatch."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -14,7 +16,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float() if dtype != torch.float32 else x
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return self.weight * normed

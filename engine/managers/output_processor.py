@@ -55,14 +55,15 @@ class OutputProcessor:
         starts = batch.logit_starts()
         for i, (row, result) in enumerate(zip(batch.sampling_rows, results)):
             req = batch.reqs[row]
+            produced = len(req.output_ids)
             kept = self._apply_row(req, result, advanced.get(i, 0))
             # KV: what was fed before the drafts, plus the drafts kept; the rest is freed.
             req.kv_len += batch.num_tokens[row] + kept
             rejected = batch.out_cache_loc[row][batch.num_tokens[row] + kept :]
             if rejected.numel():
                 pool.free(rejected)
-            if req.return_hidden_states and logits.hidden_states is not None and not req.finished:
-                req.hidden_states.append(logits.hidden_states[starts[row]].tolist())
+            if req.return_hidden_states and logits.hidden_states is not None and len(req.output_ids) > produced:
+                req.hidden_states.append(logits.hidden_states[starts[row]].tolist())  # the state that chose the token
             if not req.finished:
                 self._jump_forward(req)
 

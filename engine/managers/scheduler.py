@@ -1,24 +1,18 @@
 """``Scheduler``: continuous batching in its own thread.
 
 Each iteration (``step``):
-1. take new requests and aborts from the inbox; requests with a constraint wait (without holding
-   anything) until the grammar backend has compiled it; a refused constraint finishes its request
-   with ``abort`` and the compiler's message;
-2. every running request gets a row: decode rows feed their uncached tokens (one, or more after
-   jump-forward), a request still prefilling feeds its next chunk;
-3. waiting requests are admitted first come, first served while there are request slots, prefill
-   budget (``chunked_prefill_size`` tokens per forward) and KV room (free + evictable, with a
-   small reserve per running request for its next tokens); an admitted request starts from its
-   longest prefix in the radix cache. A request whose uncached prompt shares a long prefix with
-   one being prefilled right now waits one step, then reuses that prefill;
-4. KV slots for all fed tokens: evict unused cache, and if still short retract running requests
-   (latest admitted first: their KV goes to the cache, they re-queue at the front and resume
-   later with the same outputs);
-5. one forward for all rows (prefill and decode mixed), the grammar bitmask filled by a worker
-   thread *while the forward runs* (the tokens it depends on were sampled last step), sampling,
-   then ``OutputProcessor`` and the outputs of this step go to ``sink``.
+1. take new requests, aborts and calls from the inbox; a request with a constraint waits
+   (holding nothing) until the grammar backend has compiled it; a refused constraint finishes
+   its request with ``abort`` and the compiler's message;
+2. ``BatchPlanner`` picks this step's rows (running requests, newly admitted ones, chunked
+   prefills, speculative drafts) and allocates their KV slots, retracting if it must;
+3. one forward for all rows (prefill and decode mixed) while a worker thread fills the grammar
+   bitmask rows (``constrained.bitmask_filler``); then sampling, or verification of drafts;
+4. ``OutputProcessor`` applies the tokens (grammar, finish reasons, jump-forward), this step's
+   outputs go to ``sink``, and finished requests hand their KV to the radix cache.
 
-Nothing here raises for one bad request: a failure becomes that request's ``abort``.
+Nothing here raises for one bad request: a failure becomes that request's ``abort``; a bug in a
+step aborts the requests in flight and the loop goes on.
 """
 
 from __future__ import annotations
@@ -36,6 +30,7 @@ import torch
 
 from grammar import GrammarError, GrammarMatcher, TokenVocabulary
 
+from ..constrained.bitmask_filler import fill_grammar_masks
 from ..constrained.grammar_backend import GrammarBackend
 from ..mem_cache.radix_cache import RadixCache
 from ..model_executor.model_runner import ModelRunner
@@ -45,15 +40,10 @@ from .detokenizer import TokenTexts
 from .io_struct import BatchTokenIDOutput
 from .output_processor import OutputProcessor
 from .req import Req
+from .batch_planner import BatchPlanner
 from .schedule_batch import RowResult, ScheduleBatch
 
 log = logging.getLogger("formcast.scheduler")
-
-# KV slots kept free per running request for its coming tokens when admitting new ones.
-DECODE_RESERVE = 16
-# A waiting request sharing at least this many uncached leading tokens with a request being
-# prefilled waits for that prefill to land in the radix cache.
-SHARED_PREFIX_WAIT = 32
 
 
 @dataclass
@@ -90,7 +80,6 @@ class Scheduler:
             drafter = build_drafter(config.speculative, runner, tokenizer, self.texts, vocab.vocab_size, frozenset(vocab.eos_token_ids))
             self.spec = SpeculativeWorker(drafter, runner.sampler, config.speculative)
         self.tree_cache = RadixCache(runner.req_to_token_pool, runner.token_to_kv_pool, disabled=not config.enable_prefix_cache)
-        self.max_running = min(config.max_running_requests, runner.req_to_token_pool.size)
         self.eos_ids = frozenset(vocab.eos_token_ids)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.grammar_wait: list[Req] = []
@@ -100,6 +89,7 @@ class Scheduler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.stats = {"forwards": 0, "prefill_tokens": 0, "cached_tokens": 0, "retractions": 0, "finished": 0}
+        self.planner = BatchPlanner(runner, self.tree_cache, config, self.spec, self.stats)
         # Seconds spent per phase of a step (the benchmarks read them).
         self.timing = {"schedule": 0.0, "forward": 0.0, "mask_wait": 0.0, "sample": 0.0, "process": 0.0}
 
@@ -214,7 +204,7 @@ class Scheduler:
         self._poll_grammars()
         self._release_finished()  # aborted while running
         start = time.perf_counter()
-        batch = self._next_batch()
+        batch = self.planner.next_batch(self.running, self.waiting)
         self.timing["schedule"] += time.perf_counter() - start
         if batch is None:
             return False
@@ -244,126 +234,6 @@ class Scheduler:
             self.waiting.append(req)
         self.grammar_wait = still
 
-    # ------------------------------------------------------------------ batch formation
-    def _next_batch(self) -> ScheduleBatch | None:
-        reqs, counts = [], []
-        budget = self.config.chunked_prefill_size
-        for req in self.running:
-            uncached = req.seq_len - req.kv_len
-            if uncached <= 0:  # cannot happen; finishing it beats waiting forever
-                req.abort("internal error: nothing left to compute for this request")
-                continue
-            n = uncached if uncached <= 1 or req.kv_len >= len(req.origin_input_ids) else min(uncached, budget)
-            if n <= 0:
-                continue
-            if uncached > 1 and req.kv_len < len(req.origin_input_ids):
-                budget -= n
-            reqs.append(req)
-            counts.append(n)
-        self._admit(reqs, counts, budget)
-        if not reqs:
-            return None
-        batch = ScheduleBatch(reqs, counts)
-        if self.spec is not None:
-            self._draft(batch)
-        while not batch.allocate(self.runner.token_to_kv_pool):
-            if batch.has_drafts:  # drafts are optional: drop them before evicting anything
-                batch.drop_drafts()
-                continue
-            need = batch.total_tokens - self.runner.token_to_kv_pool.available_size()
-            if self.tree_cache.evict(need) >= need:
-                continue
-            victim = self._retract_one(batch)
-            if victim is None:  # one request alone outgrew the pool
-                for req in batch.reqs:
-                    req.abort(f"out of KV cache memory: the pool holds {self.runner.token_to_kv_pool.size} tokens")
-                return None
-            i = batch.reqs.index(victim) if victim in batch.reqs else -1
-            if i >= 0:
-                del batch.reqs[i], batch.num_tokens[i]
-            if not batch.reqs:
-                return None
-            batch = ScheduleBatch(batch.reqs, batch.num_tokens)
-        return batch
-
-    def _draft(self, batch: ScheduleBatch) -> None:
-        """Drafts for the rows that decode (their prompt is cached; they sample this step)."""
-        assert self.spec is not None
-        rows = [r for r in batch.sampling_rows if batch.reqs[r].kv_len >= len(batch.reqs[r].origin_input_ids)]
-        if not rows:
-            return
-        proposals = self.spec.plan([batch.reqs[r] for r in rows])
-        for r, draft in zip(rows, proposals):
-            batch.drafts[r] = draft
-
-    def _admit(self, reqs: list[Req], counts: list[int], budget: int) -> None:
-        pool = self.runner.token_to_kv_pool
-        prefilling = [r for r, n in zip(reqs, counts) if n > 1 and r.kv_len < len(r.origin_input_ids)]
-        reserve = sum(min(r.remaining_tokens, DECODE_RESERVE) for r in self.running)
-        room = pool.available_size() + self.tree_cache.evictable_size() - sum(counts) - reserve
-        deferred = []
-        while self.waiting and budget > 0 and len(self.running) < self.max_running:
-            req = self.waiting[0]
-            if self._shares_prefill(req, prefilling):
-                deferred.append(self.waiting.popleft())
-                continue
-            slot = self.runner.req_to_token_pool.alloc()
-            assert slot is not None
-            req.req_pool_idx = slot[0]
-            if req.return_logprob and len(req.input_token_logprobs) < len(req.origin_input_ids):
-                self.tree_cache.inc_lock_ref(self.tree_cache.root)
-                req.last_node, req.kv_len = self.tree_cache.root, 0
-            else:
-                self.tree_cache.attach_prefix(req)
-            n = min(req.seq_len - req.kv_len, budget)
-            if n + min(req.remaining_tokens, DECODE_RESERVE) > room and self.running:
-                self._unadmit(req)
-                break
-            self.waiting.popleft()
-            if req.retractions == 0:
-                req.cached_tokens = req.kv_len
-                self.stats["cached_tokens"] += req.kv_len
-            room -= n + min(req.remaining_tokens, DECODE_RESERVE)
-            budget -= n
-            self.running.append(req)
-            reqs.append(req)
-            counts.append(n)
-            prefilling.append(req)
-        self.waiting.extendleft(reversed(deferred))
-
-    def _shares_prefill(self, req: Req, prefilling: list[Req]) -> bool:
-        if not self.config.enable_prefix_cache or not prefilling:
-            return False
-        ids = req.fill_ids
-        for other in prefilling:
-            theirs = other.fill_ids
-            n = 0
-            limit = min(len(ids), len(theirs)) - 1
-            while n < limit and ids[n] == theirs[n]:
-                n += 1
-            if n >= SHARED_PREFIX_WAIT:
-                return True
-        return False
-
-    def _unadmit(self, req: Req) -> None:
-        assert req.last_node is not None and req.req_pool_idx is not None
-        self.tree_cache.dec_lock_ref(req.last_node)
-        self.runner.req_to_token_pool.free(req.req_pool_idx)
-        req.req_pool_idx, req.last_node, req.kv_len = None, None, 0
-
-    def _retract_one(self, batch: ScheduleBatch) -> Req | None:
-        """Move the latest admitted running request back to the waiting queue."""
-        if len(self.running) <= 1:
-            return None
-        victim = self.running.pop()
-        if self.spec is not None:
-            self.spec.release(victim)
-        self.tree_cache.cache_finished_req(victim)
-        victim.retractions += 1
-        self.stats["retractions"] += 1
-        self.waiting.appendleft(victim)
-        return victim
-
     # ------------------------------------------------------------------ running
     def _run_batch(self, batch: ScheduleBatch) -> None:
         runner, timing = self.runner, self.timing
@@ -372,7 +242,7 @@ class Scheduler:
         info = batch.sampling_info
         fill = None
         if info is not None and info.vocab_mask is not None:
-            fill = self._mask_pool.submit(self._fill_masks, batch, info)
+            fill = self._mask_pool.submit(fill_grammar_masks, batch, info)
         t1 = time.perf_counter()
         logits = runner.forward(forward)
         t2 = time.perf_counter()
@@ -407,35 +277,6 @@ class Scheduler:
         out = self.outputs.step_outputs(batch.reqs)
         if out.outputs:
             self.sink(out)
-
-    @staticmethod
-    def _fill_masks(batch: ScheduleBatch, info: Any) -> tuple[dict[int, str], dict[int, int]]:
-        """Each constrained virtual row's allowed tokens; runs beside the forward. A row with
-        drafts fills one mask per position, pushing its drafts into the matcher as it goes
-        (``advanced``: how many; the output step rolls back the rejected ones). Errors per row."""
-        bitmask = info.vocab_mask_numpy()
-        errors: dict[int, str] = {}
-        advanced: dict[int, int] = {}
-        v = 0
-        for i, row in enumerate(batch.sampling_rows):
-            req, drafts = batch.reqs[row], batch.drafts[row].tokens
-            if not info.grammar_rows[v]:
-                v += len(drafts) + 1
-                continue
-            done = 0
-            try:
-                for j in range(len(drafts) + 1):
-                    req.grammar.fill_next_token_bitmask(bitmask, v + j, remaining_tokens=max(1, req.remaining_tokens - j))
-                    if j < len(drafts):
-                        if not req.grammar.accept_token(drafts[j]):
-                            break
-                        done += 1
-            except GrammarError as exc:
-                errors[i] = str(exc)
-                bitmask[v : v + len(drafts) + 1] = -1
-            advanced[i] = done
-            v += len(drafts) + 1
-        return errors, advanced
 
     def _release_finished(self) -> None:
         done = [r for r in self.running if r.finished or r.to_abort is not None]

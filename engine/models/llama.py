@@ -52,9 +52,10 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         tokens = hidden.shape[0]
         qkv = F.linear(hidden, self.qkv_proj, self.qkv_bias)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rotary.apply(q.view(tokens, self.num_heads, self.head_dim), cos, sin)
-        k = rotary.apply(k.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        # q and k heads rotate together: one rotary application instead of two.
+        qk = rotary.apply(qk.view(tokens, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         out = attn.forward(q, k, v.view(tokens, self.num_kv_heads, self.head_dim), self.layer_id, batch)
         return F.linear(out.view(tokens, self.q_size), self.o_proj, self.o_bias)
 
@@ -83,8 +84,10 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg)
 
     def forward(self, hidden, cos, sin, rotary, attn, batch):  # type: ignore[no-untyped-def]
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, rotary, attn, batch)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        # Submodules are called through .forward: no hooks are used, and nn.Module.__call__ costs
+        # a measurable share of a CPU decode step (150 calls a step for 30 layers).
+        hidden = hidden + self.self_attn.forward(self.input_layernorm.forward(hidden), cos, sin, rotary, attn, batch)
+        return hidden + self.mlp.forward(self.post_attention_layernorm.forward(hidden))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -104,8 +107,8 @@ class LlamaForCausalLM(nn.Module):
         hidden = F.embedding(batch.input_ids, self.embed_tokens)
         cos, sin = self.rotary.cos_sin(batch.positions)
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin, self.rotary, attn, batch)
-        return self.norm(hidden)
+            hidden = layer.forward(hidden, cos, sin, self.rotary, attn, batch)
+        return self.norm.forward(hidden)
 
     def first_layers(self, num_layers: int) -> LlamaForCausalLM:
         """A model made of this one's first ``num_layers`` decoder layers, its final norm and its

@@ -1,0 +1,45 @@
+"""Filling the grammar bitmask rows of one step, on a worker thread beside the forward.
+
+Each constrained sampling row gets its allowed tokens; the tokens these depend on were sampled
+last step, so the fill overlaps the model's forward. A row with speculative drafts is verified
+at several positions: it fills one mask per position, pushing its drafts into the matcher as it
+goes (``advanced``: how many; the output step rolls them back and re-accepts what was kept).
+A grammar error (e.g. a budget) is reported for its row alone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from grammar import GrammarError
+
+if TYPE_CHECKING:
+    from ..managers.schedule_batch import ScheduleBatch
+    from ..sampling.sampling_batch_info import SamplingBatchInfo
+
+
+def fill_grammar_masks(batch: ScheduleBatch, info: SamplingBatchInfo) -> tuple[dict[int, str], dict[int, int]]:
+    """(errors by sampling row, drafts pushed into each sampling row's matcher)."""
+    bitmask = info.vocab_mask_numpy()
+    errors: dict[int, str] = {}
+    advanced: dict[int, int] = {}
+    v = 0  # first virtual row of the current sampling row
+    for i, row in enumerate(batch.sampling_rows):
+        req, drafts = batch.reqs[row], batch.drafts[row].tokens
+        if not info.grammar_rows[v]:
+            v += len(drafts) + 1
+            continue
+        done = 0
+        try:
+            for j in range(len(drafts) + 1):
+                req.grammar.fill_next_token_bitmask(bitmask, v + j, remaining_tokens=max(1, req.remaining_tokens - j))
+                if j < len(drafts):
+                    if not req.grammar.accept_token(drafts[j]):
+                        break
+                    done += 1
+        except GrammarError as exc:
+            errors[i] = str(exc)
+            bitmask[v : v + len(drafts) + 1] = -1
+        advanced[i] = done
+        v += len(drafts) + 1
+    return errors, advanced
