@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from grammar import GrammarError
 
 if TYPE_CHECKING:
@@ -25,14 +27,19 @@ def fill_grammar_masks(batch: ScheduleBatch, info: SamplingBatchInfo) -> tuple[d
     advanced: dict[int, int] = {}
     v = 0  # first virtual row of the current sampling row
     for i, row in enumerate(batch.sampling_rows):
-        req, drafts = batch.reqs[row], batch.drafts[row].tokens
+        req, drafts, forced = batch.reqs[row], batch.drafts[row].tokens, batch.drafts[row].forced
         if not info.grammar_rows[v]:
             v += len(drafts) + 1
             continue
         done = 0
         try:
             for j in range(len(drafts) + 1):
-                req.grammar.fill_next_token_bitmask(bitmask, v + j, remaining_tokens=max(1, req.remaining_tokens - j))
+                if forced and j < len(drafts) and forced[j]:
+                    # Accepted whatever the mask says (jump-forward's token): no mask to compute.
+                    bitmask[v + j] = 0
+                    bitmask[v + j, drafts[j] >> 5] = np.int32(np.uint32(1 << (drafts[j] & 31)).view(np.int32))
+                else:
+                    req.grammar.fill_next_token_bitmask(bitmask, v + j, remaining_tokens=max(1, req.remaining_tokens - j))
                 if j < len(drafts):
                     if not req.grammar.accept_token(drafts[j]):
                         break

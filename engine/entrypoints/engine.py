@@ -86,7 +86,7 @@ class Engine:
                 num_draft_tokens=args.speculative_num_draft_tokens,
                 draft_model_path=args.speculative_draft_model_path,
                 draft_num_layers=args.speculative_draft_num_layers,
-                stop_at_forced=args.enable_jump_forward,
+                jump_forward=args.enable_jump_forward,
             ),
         )
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.vocab, self.grammar_backend, config, self._delivery.put)

@@ -24,7 +24,7 @@ from ..sampling.sampler import NO_TOKEN, SamplerOutput
 from .detokenizer import TokenTexts
 from .io_struct import BatchTokenIDOutput, ReqStepOutput
 from .req import Req
-from ..speculative.drafters import forces_text
+from ..constrained.jump_forward import forces_text, jump_forward_tokens, jumps_forward
 from .schedule_batch import RowResult, ScheduleBatch
 
 
@@ -88,9 +88,11 @@ class OutputProcessor:
                 return min(j, result.accepted)
             if j == result.accepted and j > 0 and self._jump_forward_due(req):
                 return j  # without drafts, the forced text would be appended here, not a sample
-            self._append_sampled(req, token)
-            if j < result.accepted:
-                self.stats["drafted_kept"] += 1
+            if result.forced is not None and j < result.accepted and result.forced[j]:
+                self._append_forced(req, token)
+            else:
+                self._append_sampled(req, token)
+                self.stats["drafted_kept"] += j < result.accepted
             if req.return_logprob and result.logprobs is not None:
                 req.output_token_logprobs.append((result.logprobs[j], token))
                 if result.top_logprobs is not None:
@@ -104,12 +106,16 @@ class OutputProcessor:
         return self._jumps_forward(req) and forces_text(req.grammar)  # type: ignore[arg-type]
 
     def _jumps_forward(self, req: Req) -> bool:
-        """Jump-forward applies to this request: every reported token must have been sampled
-        when it asked for logprobs or hidden states."""
-        return (
-            self.enable_jump_forward and req.grammar is not None and req.grammar_applies
-            and not req.return_logprob and not req.return_hidden_states
-        )  # fmt: skip
+        return jumps_forward(req, self.enable_jump_forward)
+
+    def _append_forced(self, req: Req, token: int) -> None:
+        """A draft token that jump-forward would have appended here (accepted unverified)."""
+        if not req.grammar.accept_token(token):  # type: ignore[union-attr]
+            req.abort(f"internal error: forced draft token {token} is not allowed by the grammar")
+            return
+        req.output_ids.append(token)
+        req.forced_tokens += 1
+        self.stats["forced"] += 1
 
     def _append_sampled(self, req: Req, token: int) -> None:
         self.stats["sampled"] += 1
@@ -134,23 +140,10 @@ class OutputProcessor:
     def _jump_forward(self, req: Req) -> None:
         if not self._jumps_forward(req):
             return
-        try:
-            forced = req.grammar.forced_continuation()
-        except GrammarError:
-            return
-        budget = req.remaining_tokens
-        if not forced or budget <= 0:
-            return
-        ids = self.tokenizer.encode(forced.decode("utf-8"), add_special_tokens=False)
-        if self.texts.token_bytes(ids) != forced:
-            return  # the tokenizer normalizes this text: only sampled tokens are safe here
-        accepted = 0
-        for token in ids[:budget]:
-            if not req.grammar.accept_token(token):
-                break
-            accepted += 1
+        ids = jump_forward_tokens(req.grammar, self.tokenizer, self.texts, req.remaining_tokens)  # type: ignore[arg-type]
+        accepted = len(ids)
         if accepted:
-            req.output_ids.extend(ids[:accepted])
+            req.output_ids.extend(ids)
             req.forced_tokens += accepted
             self.stats["forced"] += accepted
             req.check_finished(accepted)

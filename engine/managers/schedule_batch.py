@@ -36,6 +36,7 @@ class RowResult:
     top_logprobs: list[list[tuple[float, int]]] | None = None
     hidden: list[float] | None = None
     error: str | None = None  # a grammar error while filling this row's mask
+    forced: list[bool] | None = None  # per accepted draft: a jump-forward token (not sampled)
 
 
 @dataclass

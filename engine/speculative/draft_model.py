@@ -25,7 +25,8 @@ from ..managers.req import Req
 from ..model_executor.forward_batch import ForwardBatch, ForwardInput
 from ..model_executor.model_runner import ModelRunner
 from ..sampling.sampling_batch_info import SamplingBatchInfo
-from .drafters import Draft, Drafter, forces_text
+from ..constrained.jump_forward import forces_text, jump_forward_tokens, jumps_forward
+from .drafters import Draft, Drafter, draft_cap
 from .verify import _draw
 
 
@@ -59,6 +60,8 @@ class DraftModelDrafter(Drafter):
         rows = [i for i, b in enumerate(budgets) if b > 0 and self._cache(reqs[i]) is not None]
         tokens: dict[int, list[int]] = {i: [] for i in rows}
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in rows}
+        forced: dict[int, list[bool]] = {i: [] for i in rows}
+        jumps = {i: jumps_forward(reqs[i], self.jump_forward) and self.tokenizer is not None for i in rows}
         matchers = {i: reqs[i].grammar.copy() for i in rows if reqs[i].grammar is not None and reqs[i].grammar_applies}
         live = list(rows)
         while live:
@@ -82,15 +85,35 @@ class DraftModelDrafter(Drafter):
                     continue
                 tokens[i].append(token)
                 probs[i].append(dist[row])
-                ended = matcher is not None and (matcher.is_terminated() or (self.stop_at_forced and forces_text(matcher)))
-                if len(tokens[i]) < budgets[i] and token not in self.eos_ids and not ended:
+                forced[i].append(False)
+                ended = matcher is not None and (matcher.is_terminated() or (jumps[i] and not self._draft_forced_run(
+                    req, matcher, budgets[i], tokens[i], probs[i], forced[i], dist.shape[1])))  # fmt: skip
+                free = forced[i].count(False)
+                if free < budgets[i] and len(tokens[i]) < draft_cap(req, budgets[i]) and token not in self.eos_ids and not ended:
                     still.append(i)
             live = still
         out = [Draft([]) for _ in reqs]
         for i in rows:
             if tokens[i]:
-                out[i] = Draft(tokens[i], torch.stack(probs[i]))
+                out[i] = Draft(tokens[i], torch.stack(probs[i]), forced[i] if any(forced[i]) else None)
         return out
+
+    def _draft_forced_run(self, req: Req, matcher: GrammarMatcher, budget: int, tokens: list[int],
+                          probs: list[torch.Tensor], forced: list[bool], width: int) -> bool:  # fmt: skip
+        """Where the grammar forces text, append jump-forward's tokens for it (point masses,
+        marked forced); False when a forced run is due but does not fit (the draft ends)."""
+        if not forces_text(matcher):
+            return True
+        run = jump_forward_tokens(matcher, self.tokenizer, self.texts, req.remaining_tokens - len(tokens))
+        if not run or len(tokens) + len(run) > draft_cap(req, budget):
+            return False
+        for t in run:
+            tokens.append(t)
+            forced.append(True)
+            point = torch.zeros(width, dtype=probs[-1].dtype)
+            point[t] = 1.0
+            probs.append(point)
+        return not matcher.is_terminated()
 
     def _cache(self, req: Req) -> _DraftCache | None:
         cache = self._caches.get(req.rid)
@@ -136,8 +159,9 @@ class DraftModelDrafter(Drafter):
         cache = self._caches.get(req.rid)
         if cache is None or drafted == 0:
             return
-        # The draft fed drafts 1 .. drafted-1; of those, the first ``accepted`` stay valid.
-        keep = cache.kv_len - (drafted - 1) + min(accepted, drafted - 1)
+        # The draft fed the sequence and some of the drafts (not the last, nor a forced run that
+        # ends the draft); the request's sequence plus the accepted drafts stay valid.
+        keep = min(cache.kv_len, len(req.fill_ids) + accepted)
         self._truncate(cache, keep)
 
     def release(self, req: Req) -> None:

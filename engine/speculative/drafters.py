@@ -1,8 +1,9 @@
 """Drafters without a model: prompt lookup (n-grams) and the grammar itself.
 
 * ``NgramDrafter``: finds the longest recent n-gram (``max_n`` down to ``min_n`` tokens) ending
-  the sequence that also occurs earlier in prompt + output, and proposes the tokens that followed
-  it there. Extraction jobs copy spans of the document, so this is where drafts are cheapest.
+  the sequence that also occurs earlier in prompt + output + draft, and proposes the tokens that
+  followed it there. Extraction jobs copy spans of the document, so this is where drafts are
+  cheapest.
 * ``GrammarDrafter``: the constraint itself. Where the grammar admits a single continuation it
   drafts that text's canonical tokens; where it admits only a few tokens it drafts the one seen
   most often so far in the request (ties: the longest). Drafts are verified like any other, so
@@ -10,10 +11,14 @@
 * ``ChainDrafter``: one drafter's proposal extended by the next (``ngram+grammar``).
 
 Every proposal is cut at the first token the request's grammar would refuse (checked on a copy
-of its matcher), so drafts are always grammar-valid, and at the request's draft budget. With
-jump-forward on, a draft also ends at the first token after which the grammar forces text:
-without speculation that text would be appended right there, so drafting past it would change
-the output.
+of its matcher), so drafts are always grammar-valid, and at the request's draft budget.
+
+Forced text. Where jump-forward applies, the text a grammar forces is appended without
+sampling. A draft runs through it: it carries the very tokens jump-forward would append there
+(``jump_forward_tokens``), marked ``forced``, and verification accepts them unconditionally, as
+jump-forward would; the positions after them are verified as usual. So a draft crosses keys and
+punctuation of a JSON document in one verification, and the output is what it would have been
+without speculation. A forced run that does not fit in the draft budget ends the draft before it.
 """
 
 from __future__ import annotations
@@ -27,28 +32,65 @@ import torch
 
 from grammar import GrammarError, GrammarMatcher, unpack_bitmask
 
+from ..constrained.jump_forward import forces_text, jump_forward_tokens, jumps_forward
 from ..managers.req import Req
 
 # At most this many allowed tokens for the grammar drafter to guess among.
 MAX_GRAMMAR_CHOICES = 8
+# Forced tokens a draft may carry beyond its budget of free (verified) tokens: they are always
+# accepted, so they do not count against the budget, but each still costs a verified position.
+MAX_FORCED_EXTRA = 32
+
+
+def draft_cap(req: Req, budget: int) -> int:
+    """Most positions a draft of ``budget`` free tokens may take, forced runs included."""
+    room = min(req.remaining_tokens - 1, req.context_len - req.seq_len - 1)
+    return max(0, min(room, budget + MAX_FORCED_EXTRA))
+
+__all__ = ["ChainDrafter", "Draft", "Drafter", "DraftState", "GrammarDrafter", "NgramDrafter", "forces_text"]
 
 
 @dataclass
 class Draft:
     tokens: list[int]
     probs: torch.Tensor | None = None  # [len(tokens), V]: the drafter's distribution; None = point masses
+    forced: list[bool] | None = None  # per token: appended by jump-forward there (accepted unverified)
 
 
 class Drafter:
     """Proposes up to ``budget`` tokens per request (``budget`` may be 0)."""
 
     name = "none"
-    stop_at_forced = True  # set from the engine's jump-forward setting
+    jump_forward = True  # the engine's jump-forward setting
+    tokenizer = None  # set by ``build_drafter``; needed to draft through forced text
+    texts = None
 
     def propose(self, reqs: list[Req], budgets: list[int]) -> list[Draft]:
         return [self.propose_one(r, b) if b > 0 else Draft([]) for r, b in zip(reqs, budgets)]
 
-    def propose_one(self, req: Req, budget: int) -> Draft:  # pragma: no cover - overridden
+    def propose_one(self, req: Req, budget: int) -> Draft:
+        state = self.start(req, budget)
+        self.run(state)
+        return state.draft()
+
+    def run(self, state: DraftState) -> None:
+        """Extend ``state`` until the budget is used or no drafter has anything to add,
+        drafting forced runs in between."""
+        while not state.full and not state.ended:
+            if state.at_forced:
+                if not state.push_forced():
+                    break
+                continue
+            before = len(state.tokens)
+            self.extend(state)
+            if len(state.tokens) == before:
+                break
+
+    def start(self, req: Req, budget: int) -> DraftState:
+        jumps = jumps_forward(req, self.jump_forward) and self.tokenizer is not None
+        return DraftState(req, budget, jumps, self.tokenizer, self.texts)
+
+    def extend(self, state: DraftState) -> None:  # pragma: no cover - overridden by model-free drafters
         raise NotImplementedError
 
     def on_verified(self, req: Req, drafted: int, accepted: int) -> None:
@@ -58,29 +100,82 @@ class Drafter:
         """The request finished or left the running batch."""
 
 
-def grammar_valid_prefix(req: Req, tokens: list[int], stop_at_forced: bool) -> tuple[list[int], GrammarMatcher | None]:
-    """The longest prefix of ``tokens`` the request's grammar accepts (ending early where it
-    forces text, if ``stop_at_forced``), and a matcher copy advanced past it (None when no
-    grammar applies)."""
-    if req.grammar is None or not req.grammar_applies:
-        return tokens, None
-    matcher = req.grammar.copy()
-    for i, t in enumerate(tokens):
-        try:
-            ok = matcher.accept_token(t)
-        except GrammarError:
-            ok = False
-        if not ok or matcher.is_terminated() or (stop_at_forced and forces_text(matcher)):
-            return tokens[: i + int(ok)], matcher
-    return tokens, matcher
+class DraftState:
+    """A draft under construction: its tokens, which of them are forced, and a copy of the
+    request's matcher advanced past them (None when no grammar applies)."""
 
+    def __init__(self, req: Req, budget: int, jumps: bool, tokenizer, texts) -> None:  # type: ignore[no-untyped-def]
+        self.req, self.budget, self.jumps = req, budget, jumps
+        self.cap = draft_cap(req, budget)
+        self.tokenizer, self.texts = tokenizer, texts
+        self.tokens: list[int] = []
+        self.forced: list[bool] = []
+        self.matcher: GrammarMatcher | None = req.grammar.copy() if req.grammar is not None and req.grammar_applies else None
+        self.ended = False  # the grammar terminated, or refused a proposed token's successor
 
-def forces_text(matcher: GrammarMatcher) -> bool:
-    """The grammar admits exactly one continuation from here (jump-forward would take it)."""
-    try:
-        return bool(matcher.forced_continuation())
-    except GrammarError:
-        return False
+    @property
+    def full(self) -> bool:
+        return self.room <= 0
+
+    @property
+    def room(self) -> int:
+        """Free tokens that may still be added."""
+        return min(self.budget - self.forced.count(False), self.cap - len(self.tokens))
+
+    @property
+    def at_forced(self) -> bool:
+        return self.jumps and self.matcher is not None and forces_text(self.matcher)
+
+    def sequence(self) -> list[int]:
+        return self.req.fill_ids + self.tokens
+
+    def push(self, tokens: list[int]) -> int:
+        """Append free tokens up to the budget, stopping at the first the grammar refuses and
+        where it starts forcing text; returns how many were appended."""
+        n = 0
+        for t in tokens[: self.room]:
+            if self.matcher is not None:
+                try:
+                    ok = self.matcher.accept_token(t)
+                except GrammarError:
+                    ok = False
+                if not ok:
+                    break
+            self.tokens.append(t)
+            self.forced.append(False)
+            n += 1
+            if self.matcher is not None and self.matcher.is_terminated():
+                self.ended = True
+                break
+            if self.at_forced:
+                break
+        return n
+
+    def push_forced(self) -> bool:
+        """Append the forced run jump-forward would append here, if it fits in the budget."""
+        assert self.matcher is not None
+        run = jump_forward_tokens(self.matcher, self.tokenizer, self.texts, self.req.remaining_tokens - len(self.tokens))
+        if not run or len(self.tokens) + len(run) > self.cap:
+            self.ended = True  # the matcher copy is past a partial run: nothing more to draft
+            return False
+        self.tokens += run
+        self.forced += [True] * len(run)
+        if self.matcher.is_terminated():
+            self.ended = True
+        return True
+
+    def adopt(self, draft: Draft) -> bool:
+        """Take over another drafter's grammar-valid proposal; False if the grammar refuses it."""
+        for t in draft.tokens:
+            if self.matcher is not None and not self.matcher.accept_token(t):
+                return False
+        self.tokens = list(draft.tokens)
+        self.forced = list(draft.forced) if draft.forced else [False] * len(draft.tokens)
+        self.ended = self.matcher is not None and self.matcher.is_terminated()
+        return True
+
+    def draft(self) -> Draft:
+        return Draft(self.tokens, forced=self.forced if any(self.forced) else None)
 
 
 class NgramDrafter(Drafter):
@@ -89,17 +184,13 @@ class NgramDrafter(Drafter):
     def __init__(self, max_n: int = 4, min_n: int = 1) -> None:
         self.max_n, self.min_n = max_n, min_n
 
-    def propose_one(self, req: Req, budget: int) -> Draft:
-        ids = req.fill_ids
+    def extend(self, state: DraftState) -> None:
+        ids = state.sequence()
         packed = array("I", ids).tobytes()
         for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
             start = _last_earlier_occurrence(packed, len(ids), n)
-            if start is not None:
-                follow = ids[start + n : start + n + budget]
-                tokens, _ = grammar_valid_prefix(req, follow, self.stop_at_forced)
-                if tokens:
-                    return Draft(tokens)
-        return Draft([])
+            if start is not None and state.push(ids[start + n : start + n + state.room]):
+                return
 
 
 def _last_earlier_occurrence(packed: bytes, length: int, n: int) -> int | None:
@@ -124,32 +215,27 @@ class GrammarDrafter(Drafter):
         self.tokenizer = tokenizer
         self.texts = texts
 
-    def propose_one(self, req: Req, budget: int) -> Draft:
-        return Draft(self.extend(req, [], budget))
-
-    def extend(self, req: Req, tokens: list[int], budget: int) -> list[int]:
-        """``tokens`` (already grammar-valid) continued while the grammar leaves little choice."""
-        tokens, matcher = grammar_valid_prefix(req, tokens, self.stop_at_forced)
-        if matcher is None or matcher.is_terminated() or (self.stop_at_forced and tokens and forces_text(matcher)):
-            return tokens
-        out = list(tokens)
+    def extend(self, state: DraftState) -> None:
+        """Continue while the grammar leaves little choice (forced text is drafted as ordinary
+        tokens when jump-forward does not apply)."""
+        matcher = state.matcher
+        if matcher is None:
+            return
         counts: Counter[int] | None = None
-        while len(out) < budget:
-            forced = self._forced_tokens(matcher, budget - len(out))
+        while not state.full and not state.ended and not state.at_forced:
+            forced = [] if state.jumps else self._forced_tokens(matcher, state.room)
             if forced:
-                out += forced
+                if not state.push(forced):
+                    return
                 continue
             if counts is None:
-                counts = Counter(req.fill_ids)
+                counts = Counter(state.req.fill_ids)
             choice = self._few_choice(matcher, counts)
-            if choice is None or not matcher.accept_token(choice):
-                break
-            out.append(choice)
-            if matcher.is_terminated() or (self.stop_at_forced and forces_text(matcher)):
-                break
-        return out
+            if choice is None or not state.push([choice]):
+                return
 
     def _forced_tokens(self, matcher: GrammarMatcher, budget: int) -> list[int]:
+        """Canonical tokens of the forced text (not accepted into ``matcher``)."""
         try:
             forced = matcher.forced_continuation()
         except GrammarError:
@@ -159,12 +245,7 @@ class GrammarDrafter(Drafter):
         ids = self.tokenizer.encode(forced.decode("utf-8"), add_special_tokens=False)[:budget]
         if self.texts.token_bytes(ids) != forced[: len(self.texts.token_bytes(ids))]:
             return []
-        accepted = []
-        for t in ids:
-            if not matcher.accept_token(t):
-                break
-            accepted.append(t)
-        return accepted
+        return ids
 
     def _few_choice(self, matcher: GrammarMatcher, counts: Counter[int]) -> int | None:
         vocab = matcher.compiled.vocab
@@ -180,34 +261,49 @@ class GrammarDrafter(Drafter):
 
 
 class ChainDrafter(Drafter):
-    """``first``'s proposal, then extended by the grammar drafter."""
+    """``first``'s proposal, then extended by the grammar drafter. Model-free ``first`` drafters
+    take turns with the grammar until the budget is used (n-gram, forced text, n-gram, ...)."""
 
     def __init__(self, first: Drafter, grammar: GrammarDrafter) -> None:
         self.first, self.grammar = first, grammar
         self.name = f"{first.name}+grammar"
+        self.tokenizer, self.texts = grammar.tokenizer, grammar.texts
+        first.tokenizer, first.texts = grammar.tokenizer, grammar.texts
 
     @property  # type: ignore[override]
-    def stop_at_forced(self) -> bool:
-        return self.grammar.stop_at_forced
+    def jump_forward(self) -> bool:
+        return self.grammar.jump_forward
 
-    @stop_at_forced.setter
-    def stop_at_forced(self, value: bool) -> None:
-        self.first.stop_at_forced = self.grammar.stop_at_forced = value
+    @jump_forward.setter
+    def jump_forward(self, value: bool) -> None:
+        self.first.jump_forward = self.grammar.jump_forward = value
+
+    def extend(self, state: DraftState) -> None:
+        self.first.extend(state)
+        if not state.full and not state.ended and not state.at_forced:
+            self.grammar.extend(state)
 
     def propose(self, reqs: list[Req], budgets: list[int]) -> list[Draft]:
-        drafts = self.first.propose(reqs, budgets)
+        if isinstance(self.first, (NgramDrafter, GrammarDrafter)):
+            return super().propose(reqs, budgets)
+        drafts = self.first.propose(reqs, budgets)  # a draft model: extend its proposals once
         out = []
         for req, budget, draft in zip(reqs, budgets, drafts):
             if budget <= len(draft.tokens):
                 out.append(draft)
                 continue
-            tokens = self.grammar.extend(req, draft.tokens, budget)
+            state = self.start(req, budget)
+            if not draft.tokens or not state.adopt(draft):
+                out.append(draft)
+                continue
+            self.grammar.run(state)
+            tokens = state.tokens
             probs = draft.probs
             if probs is not None and len(tokens) > len(draft.tokens):  # grammar drafts are point masses
                 extra = torch.zeros(len(tokens) - len(draft.tokens), probs.shape[1], dtype=probs.dtype)
                 extra[torch.arange(extra.shape[0]), torch.tensor(tokens[len(draft.tokens) :])] = 1.0
                 probs = torch.cat([probs, extra])
-            out.append(Draft(tokens, probs))
+            out.append(Draft(tokens, probs, draft.forced))
         return out
 
     def on_verified(self, req: Req, drafted: int, accepted: int) -> None:

@@ -32,7 +32,7 @@ class SpeculativeConfig:
     draft_model_path: str | None = None
     draft_num_layers: int | None = None  # a self-speculative draft: the target's first layers
     adaptive: bool = True
-    stop_at_forced: bool = True  # = jump-forward is on (drafts end where the grammar forces text)
+    jump_forward: bool = True  # the engine's jump-forward: drafts carry forced runs, accepted unverified
 
     @property
     def enabled(self) -> bool:
@@ -44,7 +44,7 @@ class SpeculativeWorker:
         self.drafter = drafter
         self.sampler = sampler
         self.config = config
-        self.stats = {"steps": 0, "drafted": 0, "accepted": 0}
+        self.stats = {"steps": 0, "drafted": 0, "accepted": 0, "forced": 0}
 
     def plan(self, reqs: list[Req]) -> list[Draft]:
         budgets = []
@@ -66,6 +66,11 @@ class SpeculativeWorker:
             req, draft = batch.reqs[row], batch.drafts[row]
             k = len(draft.tokens)
             usable = min(k, advanced.get(i, k))
+            if draft.forced:  # jump-forward's tokens: certain, whatever the target's distribution
+                for j in range(usable):
+                    if draft.forced[j]:
+                        dist.probs[start + j].zero_()
+                        dist.probs[start + j, draft.tokens[j]] = 1.0
             v = verify_drafts(dist.probs[start : start + usable + 1], draft.tokens[:usable],
                               None if draft.probs is None else draft.probs[:usable], req.generator)  # fmt: skip
             emitted = draft.tokens[: v.accepted] + [v.token]
@@ -82,23 +87,28 @@ class SpeculativeWorker:
             if bool(dist.dead[start + accepted]):
                 emitted = emitted[:accepted] + [NO_TOKEN]
             span = range(start, start + len(emitted))
+            forced = batch.drafts[row].forced
             results.append(RowResult(
-                tokens=emitted, accepted=accepted, drafted=k,
+                tokens=emitted, accepted=accepted, drafted=k, forced=forced[:accepted] if forced else None,
                 logprobs=[lps[j] for j in span] if lps is not None and req.return_logprob else None,
                 top_logprobs=[list(zip(top_vals[j], top_ids[j])) for j in span] if top_ids is not None and req.top_logprobs_num else None,
             ))  # fmt: skip
-            self._adapt(req, k, accepted)
+            self.drafter.on_verified(req, k, accepted)
+            forced = batch.drafts[row].forced or [False] * k
+            self._adapt(req, forced[:k].count(False), forced[:accepted].count(False), k - forced[:k].count(False))
         return results
 
-    def _adapt(self, req: Req, drafted: int, accepted: int) -> None:
-        self.stats["steps"] += drafted > 0  # verifications of at least one draft
+    def _adapt(self, req: Req, drafted: int, accepted: int, forced: int) -> None:
+        """``drafted`` / ``accepted``: free (verified) drafts; forced ones are always accepted."""
+        self.stats["steps"] += drafted + forced > 0  # verifications of at least one draft
         self.stats["drafted"] += drafted
         self.stats["accepted"] += accepted
-        self.drafter.on_verified(req, drafted, accepted)
+        self.stats["forced"] += forced
         if not self.config.adaptive or drafted == 0:
             return
         top = self.config.num_draft_tokens
-        req.spec_k = min(top, drafted + 1) if accepted == drafted else max(1, accepted + 1)
+        current = req.spec_k if req.spec_k is not None else top
+        req.spec_k = min(top, max(current, drafted) + 1) if accepted == drafted else max(1, accepted + 1)
 
     def release(self, req: Req) -> None:
         self.drafter.release(req)
@@ -107,7 +117,9 @@ class SpeculativeWorker:
 def build_drafter(config: SpeculativeConfig, target_runner, tokenizer, texts, vocab_size: int, eos_ids: frozenset[int]) -> Drafter:  # type: ignore[no-untyped-def]
     """The drafter named by ``config.algorithm``."""
     drafter = _build(config, target_runner, tokenizer, texts, vocab_size, eos_ids)
-    drafter.stop_at_forced = config.stop_at_forced
+    drafter.jump_forward = config.jump_forward
+    if drafter.tokenizer is None:
+        drafter.tokenizer, drafter.texts = tokenizer, texts
     return drafter
 
 
