@@ -8,7 +8,7 @@
 The window (twice the engine's ``max_running_requests`` by default) keeps the scheduler's queue
 full without tokenizing a million prompts up front; the scheduler batches whatever is running.
 Threads suit this: each one mostly waits on its request's queue while the engine's own threads do
-the work. The constraint is compiled once, up front, by the engine's grammar backend: a refused
+the work (and the public, blocking ``generate`` is all they need). The constraint is compiled once, up front, by the engine's grammar backend: a refused
 one fails every record with the compiler's message, without sending anything to the model. A
 prompt the engine refuses (too long for the context) fails only its own record. Closing the
 iterator early aborts the requests still in flight; their results are never yielded.
@@ -16,10 +16,11 @@ iterator early aborts the requests still in flight; their results are never yiel
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..constrained.grammar_backend import InvalidGrammar
 from ..sampling_params import SamplingParams
@@ -78,7 +79,6 @@ def check_constraint(engine: Engine, params: SamplingParams) -> ExtractError | N
 
 def _run(engine: Engine, records: Iterable[SourceRecord], spec: ExtractSpec, params: SamplingParams,
          refusal: ExtractError | None, window: int) -> Iterator[ExtractResult]:  # fmt: skip
-    pool = ThreadPoolExecutor(max_workers=window, thread_name_prefix="formcast-extract")
     running: dict[Future, str] = {}
     try:
         for record in records:
@@ -89,13 +89,28 @@ def _run(engine: Engine, records: Iterable[SourceRecord], spec: ExtractSpec, par
             while len(running) >= window:
                 yield from _take_finished(running)
             rid = f"extract-{uuid.uuid4().hex}"
-            running[pool.submit(_run_one, engine, spec, params, record, rid)] = rid
+            running[_in_thread(_run_one, engine, spec, params, record, rid)] = rid
         while running:
             yield from _take_finished(running)
     finally:
         for rid in running.values():  # the consumer stopped early: free the engine
             engine.abort(rid)
-        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _in_thread(fn: Callable[..., ExtractResult], *args: Any) -> Future:
+    """Run ``fn`` on a daemon thread of its own: a request caught by an engine shutting down
+    can never keep the interpreter from exiting (a ThreadPoolExecutor joins its threads at exit).
+    A thread costs tens of microseconds; a record, seconds of model time."""
+    future: Future = Future()
+
+    def work() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # handed to the consumer by future.result()
+            future.set_exception(exc)
+
+    threading.Thread(target=work, name="formcast-extract", daemon=True).start()
+    return future
 
 
 def _take_finished(running: dict[Future, str]) -> Iterator[ExtractResult]:
