@@ -101,8 +101,9 @@ def run_job(config: JobConfig) -> JobSummary:
             for result in results:
                 writer.write(result)
                 summary.add(result)
-                tokens_per_s = summary.completion_tokens / max(time.monotonic() - start, 1e-9)
-                bar.set_postfix(failed=sum(summary.failed.values()), tok_s=f"{tokens_per_s:.1f}", refresh=False)
+                elapsed = max(time.monotonic() - start, 1e-9)  # tqdm's own rate turns into s/rec below 1/s
+                bar.set_postfix(rec_s=f"{summary.done / elapsed:.2f}", tok_s=f"{summary.completion_tokens / elapsed:.1f}",
+                                failed=sum(summary.failed.values()), refresh=False)  # fmt: skip
                 bar.update(1)
         finally:
             summary.seconds = time.monotonic() - start

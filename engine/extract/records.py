@@ -79,7 +79,8 @@ def read_stream(f: BinaryIO, fmt: str, id_field: str = "id") -> Iterator[SourceR
 
 
 def from_dicts(records: Iterable[Any], id_field: str = "id", text_field: str = "text") -> Iterator[SourceRecord]:
-    """Records handed to ``Engine.extract``: dicts, or plain strings (taken as ``text_field``)."""
+    """Records handed to ``Engine.extract``: dicts, or plain strings (taken as ``text_field``);
+    a record's ``line`` is its position, counting from 1."""
 
     def rows() -> Iterator[tuple[int, dict | None, ExtractError | None]]:
         for number, item in enumerate(records, 1):

@@ -6,10 +6,11 @@ An output line (JSON, one per record, in the order records finish)::
      "finish_reason": {"type": "stop", "matched": 2}, "prompt_tokens": 41, "completion_tokens": 12,
      "error": null}
 
-``value`` is the parsed JSON under a JSON schema, and the generated text itself under a regex or
-an EBNF grammar (the match). A failed record has ``value: null`` and ``error: {"type", "message"}``
-with one of the ``FailureType`` values; ``text`` and ``finish_reason`` stay when the model ran, so
-an incomplete output can be looked at.
+``line`` is where the record came from (see ``records.py``). ``value`` is the parsed JSON under a
+JSON schema, and the generated text itself under a regex or an EBNF grammar (the match). A failed
+record has ``value: null`` and ``error: {"type", "message"}`` with one of the ``FailureType``
+values; ``text`` and ``finish_reason`` stay when the model ran, so an incomplete output can be
+looked at.
 """
 
 from __future__ import annotations

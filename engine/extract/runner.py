@@ -8,10 +8,12 @@
 The window (twice the engine's ``max_running_requests`` by default) keeps the scheduler's queue
 full without tokenizing a million prompts up front; the scheduler batches whatever is running.
 Threads suit this: each one mostly waits on its request's queue while the engine's own threads do
-the work (and the public, blocking ``generate`` is all they need). The constraint is compiled once, up front, by the engine's grammar backend: a refused
-one fails every record with the compiler's message, without sending anything to the model. A
-prompt the engine refuses (too long for the context) fails only its own record. Closing the
-iterator early aborts the requests still in flight; their results are never yielded.
+the work, and the public, blocking ``generate`` is all they need.
+
+The constraint is compiled once, up front, by the engine's grammar backend: a refused one fails
+every record with the compiler's message, without sending anything to the model. A prompt the
+engine refuses (too long for the context) fails only its own record. Closing the iterator early
+aborts the requests still in flight; their results are never yielded.
 """
 
 from __future__ import annotations
