@@ -15,16 +15,24 @@ layout work (which slots each row reads, which rows share a padded block) is don
 Padding points at slot 0, which the pool keeps zeroed, and is masked out: a padded key never
 contributes, and never reads a freed slot whose contents may be anything.
 
-On CUDA, decode rows may go through the Triton kernel in ``kernels`` instead (see
-``DecodeKernel``); the torch path is the reference it is tested against.
+Decode rows can instead go through a kernel that reads each key and value once, straight from
+the pool, without the gathered copy and the padding: on the CPU with a float32 cache the
+compiled loop of ``cpu_decode_attention`` (numba), on CUDA the Triton kernel of
+``kernels.paged_decode_attention``. The grouped SDPA path is the reference both are tested
+against, and serves the remaining cases (a bfloat16 cache on the CPU, no numba).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from kernels import paged_decode_attention
+
+from . import cpu_decode_attention
 
 from ..model_executor.forward_batch import ForwardBatch
 
@@ -49,9 +57,22 @@ class ExtendRow:
 
 
 @dataclass
+class PagedDecode:
+    """Decode rows for a paged kernel: their slots flattened, no padding."""
+
+    kernel: str  # "numba" (CPU) or "triton" (CUDA)
+    token_index: torch.Tensor | None  # positions of the rows' query tokens; None = all tokens, in order
+    kv_index: torch.Tensor  # int64, the rows' slots one after another
+    kv_start: torch.Tensor  # int64 [rows]
+    kv_len: torch.Tensor  # int64 [rows]
+    max_len: int
+
+
+@dataclass
 class AttentionMetadata:
     decode_groups: list[DecodeGroup]
     extend_rows: list[ExtendRow]
+    paged_decode: PagedDecode | None = None
 
 
 def group_decode_rows(lengths: list[int]) -> list[list[int]]:
@@ -73,14 +94,48 @@ def group_decode_rows(lengths: list[int]) -> list[list[int]]:
 
 
 class TorchAttention:
-    """The attention backend for CPU tensors (and the reference for the CUDA kernels)."""
+    """The attention backend: SDPA over gathered K/V, and a paged decode kernel where one applies
+    (``use_paged_kernel``; default: numba on a float32 CPU pool, Triton on CUDA)."""
+
+    def __init__(self, use_paged_kernel: bool | None = None) -> None:
+        self.use_paged_kernel = use_paged_kernel
+
+    def _paged_kernel(self, batch: ForwardBatch) -> str | None:
+        if self.use_paged_kernel is False:
+            return None
+        pool = batch.token_to_kv_pool
+        if pool.device.type == "cuda":
+            return "triton"
+        if pool.device.type == "cpu" and pool.dtype == torch.float32 and cpu_decode_attention.available():
+            return "numba"
+        return None
 
     def init_forward_metadata(self, batch: ForwardBatch) -> AttentionMetadata:
         table = batch.req_to_token_pool.req_to_token
         decode = [r for r in range(batch.batch_size) if batch.extend_seq_lens_cpu[r] == 1]
+        kernel = self._paged_kernel(batch) if decode else None
+        if kernel is not None:
+            return AttentionMetadata([], self._extend_rows(batch, table), self._paged_decode(batch, table, decode, kernel))
         groups = []
         for rows in group_decode_rows([batch.seq_lens_cpu[r] for r in decode]):
             groups.append(self._decode_group(batch, table, [decode[i] for i in rows]))
+        return AttentionMetadata(groups, self._extend_rows(batch, table))
+
+    @staticmethod
+    def _paged_decode(batch: ForwardBatch, table: torch.Tensor, rows: list[int], kernel: str) -> PagedDecode:
+        device = table.device
+        lens = [batch.seq_lens_cpu[r] for r in rows]
+        slots = torch.cat([table[int(batch.req_pool_indices[r]), :n] for r, n in zip(rows, lens)])
+        starts = [0] * len(rows)
+        for i in range(1, len(rows)):
+            starts[i] = starts[i - 1] + lens[i - 1]
+        long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
+        all_rows = len(rows) == batch.num_tokens
+        token_index = None if all_rows else long([batch.extend_start_loc_cpu[r] for r in rows])
+        return PagedDecode(kernel, token_index, slots, long(starts), long(lens), max(lens))
+
+    @staticmethod
+    def _extend_rows(batch: ForwardBatch, table: torch.Tensor) -> list[ExtendRow]:
         extend = []
         for r in range(batch.batch_size):
             n = batch.extend_seq_lens_cpu[r]
@@ -93,7 +148,7 @@ class TorchAttention:
                 q_pos = torch.arange(seq - n, seq, device=table.device).unsqueeze(1)
                 mask = torch.arange(seq, device=table.device).unsqueeze(0) <= q_pos
             extend.append(ExtendRow(batch.extend_start_loc_cpu[r], n, slots, mask))
-        return AttentionMetadata(groups, extend)
+        return extend
 
     @staticmethod
     def _decode_group(batch: ForwardBatch, table: torch.Tensor, rows: list[int]) -> DecodeGroup:
@@ -117,6 +172,8 @@ class TorchAttention:
         meta: AttentionMetadata = batch.attn_metadata
         out = torch.empty_like(q)
         heads, dim = q.shape[1], q.shape[2]
+        if meta.paged_decode is not None:
+            self._paged_decode_forward(q, k_buf, v_buf, meta.paged_decode, out)
         for g in meta.decode_groups:
             b = g.token_index.numel()
             qg = q.index_select(0, g.token_index).view(b, heads, 1, dim)
@@ -132,3 +189,18 @@ class TorchAttention:
             orow = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=row.mask, is_causal=causal, enable_gqa=True)
             out[row.q_start : row.q_start + row.q_len] = orow[0].transpose(0, 1)
         return out
+
+    @staticmethod
+    def _paged_decode_forward(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pd: PagedDecode, out: torch.Tensor) -> None:
+        heads, dim, kv_heads = q.shape[1], q.shape[2], k_buf.shape[1]
+        qd = (q if pd.token_index is None else q.index_select(0, pd.token_index)).contiguous()
+        od = out if pd.token_index is None else torch.empty_like(qd)
+        if pd.kernel == "triton":
+            paged_decode_attention(qd, k_buf, v_buf, pd.kv_index, pd.kv_start, pd.kv_len, od, max_len=pd.max_len)
+        else:
+            cpu_decode_attention.kernel_for(dim, heads // kv_heads)(
+                qd.numpy(), k_buf.view(-1, dim).numpy(), v_buf.view(-1, dim).numpy(), pd.kv_index.numpy(),
+                pd.kv_start.numpy(), pd.kv_len.numpy(), od.numpy(), np.float32(dim**-0.5), kv_heads,
+            )  # fmt: skip
+        if pd.token_index is not None:
+            out.index_copy_(0, pd.token_index, od)

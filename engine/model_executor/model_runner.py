@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..layers import cpu_decode_attention
 from ..layers.attention import TorchAttention
 from ..layers.logits import LogitsProcessorOutput, compute_logits
 from ..mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
@@ -83,6 +84,7 @@ class ModelRunner:
             max_total_tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device
         )
         self.attn_backend = TorchAttention()
+        cpu_decode_attention.set_threads(torch.get_num_threads())
         self.sampler = Sampler()
 
     @property
