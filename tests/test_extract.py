@@ -173,19 +173,39 @@ def test_ray_path_gives_the_local_runners_outputs(job, tmp_path):
     from engine.extract.job import JobConfig, RayOptions, run_job
     from engine.extract.spec import ExtractSpec
 
+    from engine.extract.ray_runner import RecordsDatasource
+    from engine.extract.records import SourceRecord, read_records
+
     records, reference = job
     first = tmp_path / "first.jsonl"  # the first 50 records and the malformed line, same line numbers
     first.write_text("\n".join(records.read_text(encoding="utf-8").splitlines()[:51]) + "\n", encoding="utf-8")
-    output = tmp_path / "ray.jsonl"
+    expected = {k: v for k, v in _by_id(_read(reference)).items() if v["line"] <= 51}
+    output = tmp_path / "ray.jsonl"  # a previous run wrote the first 5 lines' results: resumed
+    output.write_text("".join(json.dumps(v) + "\n" for v in expected.values() if v["line"] <= 5), encoding="utf-8")
     spec = ExtractSpec({"json_schema": SCHEMA}, TEMPLATE, chat=False, sampling={"max_new_tokens": 24, "temperature": 0.0})
     engine_options = {"dtype": "float32", "max_total_tokens": 12000}
     # The workers import this checkout, whatever the installed package points at.
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     try:
+        for path in _csv_and_parquet_copies(first, tmp_path):  # Ray's read task reads as the local reader does
+            rows = ray.data.read_datasource(RecordsDatasource(str(path), "id", set()), num_cpus=0).take_all()
+            assert [SourceRecord.from_payload(r["payload"]) for r in rows] == list(read_records(path))
         summary = run_job(JobConfig(first, output, spec, engine_options, ray=RayOptions(num_workers=2, batch_size=16), progress=False))
     finally:
         ray.shutdown()
-    assert summary.done == 51 and summary.failed[FailureType.MALFORMED_LINE] == 1
+    assert summary.skipped == 5 and summary.done == 46 and summary.failed[FailureType.MALFORMED_LINE] == 1
     got = _by_id(_read(output))
-    expected = {k: v for k, v in _by_id(_read(reference)).items() if v["line"] <= 51}
     assert len(expected) == 51 and got == expected
+
+
+def _csv_and_parquet_copies(jsonl: Path, folder: Path) -> list[Path]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from engine.extract.records import read_records
+
+    rows = [r.fields for r in read_records(jsonl) if r.fields is not None]
+    csv_path, parquet_path = folder / "first.csv", folder / "first.parquet"
+    csv_path.write_text("id,text\n" + "".join(f'{r["id"]},"{r["text"]}"\n' for r in rows) + "r-short,only,three\n", encoding="utf-8")
+    pq.write_table(pa.Table.from_pylist(rows), parquet_path)
+    return [csv_path, parquet_path]
