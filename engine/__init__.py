@@ -19,7 +19,9 @@ Data flow::
 the embedded model's files, offline tokenizers). ``entrypoints/cli.py`` is ``formcast``;
 ``entrypoints/http_server.py`` is ``formcast serve``, the OpenAI-compatible server over one Engine
 (``serving_chat.py`` / ``serving_completions.py`` map requests onto ``SamplingParams`` through
-``to_sampling_params``, ``tool_calls.py`` constrains and parses tool calls).
+``to_sampling_params``, ``tool_calls.py`` constrains and parses tool calls). ``extract/`` is
+``formcast extract`` and ``Engine.extract``: resumable batch jobs over files of records, on one
+Engine or through Ray Data (one Engine per actor).
 """
 
 from .sampling_params import SamplingParams, to_sampling_params

@@ -1,4 +1,5 @@
-"""Command line: ``formcast generate`` and ``formcast serve`` (also ``python -m engine ...``).
+"""Command line: ``formcast generate``, ``formcast extract`` and ``formcast serve`` (also
+``python -m engine ...``).
 
     formcast generate --regex '\\d{4}-\\d{2}-\\d{2}' --prompt "When did Apollo 11 land?"
     formcast generate --json-schema schema.json --prompt "A user profile" --max-new-tokens 128
@@ -10,6 +11,14 @@ With ``--prompt``, only the generated text goes to stdout (one line, so it pipes
 own ``json_schema`` / ``regex`` / ``ebnf`` replaces the command line's); all lines run as one
 batch and one JSON result per line goes to stdout in input order, with a progress bar on stderr.
 Exit status: 0 ok, 1 some batch line failed, 2 bad arguments or a bad constraint.
+
+    formcast extract --input records.jsonl --output out.jsonl --schema schema.json \\
+        --prompt-template "Extract the person: {text}" [--ray --num-workers 2] [engine options]
+
+runs a batch job over every record of a JSON-lines, CSV or Parquet file (``engine/extract/``):
+one JSON result line per record, appended as records finish; rerun the same command after a kill
+and it goes on where it stopped. Exit status: 0 every record ok, 1 some failed (their lines say
+why), 2 bad arguments, 130 interrupted.
 
     formcast serve [--model PATH] [--host 127.0.0.1] [--port 30000] [--api-key KEY] [engine options]
 
@@ -53,20 +62,85 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-chat", action="store_true", help="use the prompt as raw text, without the chat template")
     gen.add_argument("--threads", type=int, default=None, metavar="K", help="torch CPU threads")
     _add_serve_parser(sub)
+    _add_extract_parser(sub)
     return parser
 
 
-def _add_serve_parser(sub: Any) -> None:
-    serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server")
-    serve.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder (default: embedded SmolLM2-135M-Instruct)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=30000)
-    serve.add_argument("--api-key", default=os.environ.get("FORMCAST_API_KEY"), help="require 'Authorization: Bearer KEY' on /v1 (default: $FORMCAST_API_KEY)")
-    serve.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the model folder's name)")
-    serve.add_argument("--shutdown-timeout", type=float, default=20.0, metavar="S", help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
-    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    serve.add_argument("--no-access-log", action="store_true")
-    engine_opts = serve.add_argument_group("engine options")
+def _add_extract_parser(sub: Any) -> None:
+    ext = sub.add_parser("extract", help="run a constrained extraction over every record of a file (resumable)")
+    ext.add_argument("--input", required=True, metavar="FILE", help="records: .jsonl, .csv or .parquet")
+    ext.add_argument("--output", required=True, metavar="FILE.jsonl", help="results, one JSON line per record (appended)")
+    which = ext.add_mutually_exclusive_group()
+    which.add_argument("--schema", "--json-schema", dest="json_schema", metavar="FILE_OR_JSON", help="a JSON Schema file, or inline JSON")
+    which.add_argument("--regex", metavar="PATTERN", help="the output must fully match this regex")
+    which.add_argument("--ebnf", metavar="FILE_OR_TEXT", help="an EBNF grammar file, or inline text (root ::= ...)")
+    ext.add_argument("--prompt-template", default="{text}", metavar="TEXT_OR_FILE", help="str.format text over the record's fields; {text} is --field (default: '{text}')")
+    ext.add_argument("--field", default="text", help="the record field holding the document (default: text)")
+    ext.add_argument("--id-field", default="id", help="the record field holding its id (default: id; absent: the line number)")
+    ext.add_argument("--no-chat", action="store_true", help="use the prompt as raw text, without the chat template")
+    ext.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
+    ext.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 (default) means greedy")
+    ext.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    ext.add_argument("--top-k", type=int, default=-1, metavar="K")
+    ext.add_argument("--seed", type=int, default=None, metavar="S", help="with sampling: each record's seed derives from S and its id")
+    resume = ext.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_true", default=True, help="skip the records already in --output (the default)")
+    resume.add_argument("--overwrite", action="store_true", help="empty --output first")
+    ext.add_argument("--retry-failed", action="store_true", help="remove the failed lines from --output first, so those records run again")
+    ext.add_argument("--window", type=int, default=None, metavar="N", help="records in flight (default: 2 x --max-running-requests)")
+    ext.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ray = ext.add_argument_group("Ray (pip install formcast[ray])")
+    ray.add_argument("--ray", action="store_true", help="run through Ray Data: an actor pool, one Engine per actor")
+    ray.add_argument("--ray-address", default=None, metavar="ADDR", help="an existing cluster ('auto', 'ray://host:10001'); default: a local instance")
+    ray.add_argument("--num-workers", type=int, default=1, metavar="N", help="actors, each with its own Engine (default 1)")
+    ray.add_argument("--batch-size", type=int, default=64, metavar="N", help="records per actor call (default 64)")
+    ray.add_argument("--cpus-per-worker", type=float, default=1.0, metavar="C", help="CPUs each actor reserves (and torch threads; default 1)")
+    ext.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder (default: embedded SmolLM2-135M-Instruct)")
+    _add_engine_options(ext)
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    import signal
+
+    from ..extract.job import JobConfig, RayOptions, run_job
+    from ..extract.spec import ExtractSpec
+
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    for name in ("num_workers", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    sampling: dict[str, Any] = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}
+    if args.top_k != -1:
+        sampling["top_k"] = args.top_k
+    if args.seed is not None:
+        sampling["sampling_seed"] = args.seed
+    spec = ExtractSpec(_constraint(args), _file_or_text(args.prompt_template), args.field, args.id_field, not args.no_chat, sampling)
+    options = _engine_options(args)
+    ray_options = RayOptions(args.ray_address, args.num_workers, args.batch_size, args.cpus_per_worker) if args.ray else None
+    config = JobConfig(Path(args.input), Path(args.output), spec, options, overwrite=args.overwrite,
+                       retry_failed=args.retry_failed, window=args.window, ray=ray_options, progress=not args.no_progress)  # fmt: skip
+    _quiet_libraries()
+    # SIGTERM unwinds like Ctrl-C: in-flight requests are aborted, the output is flushed and closed.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        summary = run_job(config)
+    except KeyboardInterrupt:
+        print(f"formcast: interrupted; {args.output} holds every finished record: rerun the same command to go on", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print("formcast: " + summary.format(config.output).replace("\n", "\nformcast: "), file=sys.stderr)
+    return 1 if summary.failed else 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """Every ``EngineArgs`` field as ``--name-with-dashes`` (stored as ``engine_<name>``)."""
+    engine_opts = parser.add_argument_group("engine options")
     for f in dataclasses.fields(EngineArgs):
         if f.name == "model_path":
             continue
@@ -79,14 +153,33 @@ def _add_serve_parser(sub: Any) -> None:
             engine_opts.add_argument(flag, type=convert, default=f.default, dest=f"engine_{f.name}", metavar=f.name.upper())
 
 
+def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``Engine(**options)`` from the parsed engine options; bad ones raise before the model loads."""
+    options = {k[len("engine_") :]: v for k, v in vars(args).items() if k.startswith("engine_")}
+    options["model_path"] = args.model
+    EngineArgs.from_options(**options)
+    return options
+
+
+def _add_serve_parser(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server")
+    serve.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder (default: embedded SmolLM2-135M-Instruct)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=30000)
+    serve.add_argument("--api-key", default=os.environ.get("FORMCAST_API_KEY"), help="require 'Authorization: Bearer KEY' on /v1 (default: $FORMCAST_API_KEY)")
+    serve.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the model folder's name)")
+    serve.add_argument("--shutdown-timeout", type=float, default=20.0, metavar="S", help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument("--no-access-log", action="store_true")
+    _add_engine_options(serve)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     _quiet_libraries()
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from .http_server import ServerSettings, run_server
 
-    options = {k[len("engine_") :]: v for k, v in vars(args).items() if k.startswith("engine_")}
-    options["model_path"] = args.model
-    EngineArgs.from_options(**options)  # bad engine options exit 2 before the model loads
+    options = _engine_options(args)  # bad engine options exit 2 before the model loads
     settings = ServerSettings(
         host=args.host,
         port=args.port,
@@ -232,7 +325,8 @@ def _run_batch(engine: Any, records: list[dict], prompts: list, params: list) ->
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return cmd_serve(args) if args.command == "serve" else cmd_generate(args)
+        commands = {"serve": cmd_serve, "extract": cmd_extract, "generate": cmd_generate}
+        return commands[args.command](args)
     except (ValueError, FileNotFoundError) as exc:  # GrammarError and bad sampling params are ValueErrors
         print(f"formcast: error: {exc}", file=sys.stderr)
         return 2

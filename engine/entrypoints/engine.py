@@ -175,6 +175,16 @@ class Engine:
         ids = self.apply_chat_template(messages, tools=kwargs.pop("tools", None))
         return await self.async_generate(input_ids=ids, sampling_params=sampling_params, **kwargs)
 
+    def extract(self, records: Any, schema: Any = None, **options: Any) -> Iterator[Any]:
+        """Batch extraction for notebooks: an iterator of ``ExtractResult`` (``id``, ``value``,
+        ``error``, ...), one per record, in the order they finish. ``records`` are dicts (the
+        document in ``field``, default ``text``) or strings; options: ``regex``, ``ebnf``,
+        ``prompt_template``, ``field``, ``id_field``, ``chat``, ``max_new_tokens``,
+        ``temperature`` and other sampling fields. See ``engine.extract``."""
+        from ..extract.runner import extract
+
+        return extract(self, records, schema, **options)
+
     def apply_chat_template(self, messages: list[dict], tools: list | None = None) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
             raise PromptError("messages", "the model has no chat template; send a plain prompt")
