@@ -446,10 +446,27 @@ def _single(cls: ir.Expr) -> ir.Expr:
     return cls
 
 
+def from_table(bounds: np.ndarray, table: np.ndarray, accepting: np.ndarray) -> CharDFA:
+    """A minimal DFA from a hand-built table (``bounds`` must cut at the surrogates)."""
+    table = table.astype(np.int32).copy()
+    table[:, _surrogate_symbol(bounds)] = -1
+    return _minimize(CharDFA(np.asarray(bounds, dtype=np.int64), table, np.asarray(accepting, dtype=bool)))
+
+
 def universal() -> CharDFA:
     return from_ir(ir.star(ir.ANY_CHAR))
 
 
+@lru_cache(maxsize=64)
 def lengths(lo: int, hi: int | None) -> CharDFA:
-    """Strings of ``lo`` to ``hi`` characters."""
-    return from_ir(ir.repeat(ir.ANY_CHAR, lo, hi))
+    """Strings of ``lo`` to ``hi`` characters (a counter, built directly)."""
+    top = lo if hi is None else hi
+    if top + 1 > MAX_DFA_STATES:
+        raise GrammarBudgetError(f"a length bound of {top} characters needs more than {MAX_DFA_STATES} DFA states")
+    bounds = np.array([0, 0xD800, 0xE000, LIMIT], dtype=np.int64)
+    nxt = np.arange(1, top + 2, dtype=np.int32)
+    nxt[top] = top if hi is None else -1
+    table = np.repeat(nxt[:, None], 3, axis=1)
+    table[:, 1] = -1
+    accepting = np.arange(top + 1) >= lo
+    return CharDFA(bounds, table, accepting)

@@ -73,7 +73,7 @@ def json_schema_to_grammar(
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 20_000))  # the walker recurses once per nested subschema
     try:
-        body = lowerer.value(doc, "", 0)
+        body = lowerer.value(lowerer.den.sub(""), 0)
     finally:
         sys.setrecursionlimit(limit)
     if isinstance(body, ir.Nothing):

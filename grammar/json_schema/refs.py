@@ -35,19 +35,43 @@ def load_schema(schema: dict | str | bool) -> tuple[Any, type]:
     if not isinstance(schema, (dict, bool)):
         raise SchemaError(f"a schema must be an object or a boolean, got {type(schema).__name__}")
     cls = validators.validator_for(schema, default=jsonschema.Draft202012Validator) if isinstance(schema, dict) else jsonschema.Draft202012Validator
-    try:
-        cls.check_schema(schema)
-    except js_exceptions.SchemaError as exc:
+    error = _check_schema(cls, schema)
+    if error is not None:
         # Schemas in the wild often use draft-07 spellings without saying so.
-        if isinstance(schema, dict) and "$schema" not in schema:
-            try:
-                jsonschema.Draft7Validator.check_schema(schema)
-                return schema, jsonschema.Draft7Validator
-            except js_exceptions.SchemaError:
-                pass
-        where = "/" + "/".join(str(p) for p in exc.path)
-        raise SchemaError(f"invalid schema at {where}: {exc.message}") from exc
+        if isinstance(schema, dict) and "$schema" not in schema and _check_schema(jsonschema.Draft7Validator, schema) is None:
+            return schema, jsonschema.Draft7Validator
+        where = "/" + "/".join(str(p) for p in error.path)
+        raise SchemaError(f"invalid schema at {where}: {error.message}") from error
     return schema, cls
+
+
+def _ecma_regex(text: object) -> bool:
+    """The metaschema's ``format: regex``, checked as ECMA-262 (``pattern``'s dialect), not as
+    Python's ``re``: ``\\p{Letter}`` is valid ECMA. Constructs we refuse still parse as regexes."""
+    from ..errors import RegexSyntaxError
+    from ..regex import regex_to_ir
+
+    if not isinstance(text, str):
+        return True
+    try:
+        regex_to_ir(text, flavor="ecma")
+    except RegexSyntaxError:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+def _check_schema(cls: type, schema: object) -> js_exceptions.SchemaError | None:
+    """The best metaschema error of ``schema`` (None if valid), with ECMA regexes."""
+    checker = copy.copy(cls.FORMAT_CHECKER)
+    checker.checkers = dict(checker.checkers)
+    checker.checkers["regex"] = (_ecma_regex, ())
+    meta = cls(cls.META_SCHEMA, format_checker=checker)
+    error = js_exceptions.best_match(meta.iter_errors(schema))
+    if error is None:
+        return None
+    return js_exceptions.SchemaError.create_from(error)
 
 
 def pointer_escape(token: str) -> str:
@@ -99,7 +123,7 @@ def normalize_refs(schema: Any) -> Any:
         if not isinstance(node, dict):
             return
         if isinstance(node.get("$id"), str):
-            uri, frag = urldefrag(urljoin(base, node["$id"]))
+            uri, frag = urldefrag(_join(base, node["$id"]))
             if uri:
                 base = uri
                 resources.setdefault(base, pointer)
@@ -122,8 +146,16 @@ def normalize_refs(schema: Any) -> Any:
     return doc
 
 
+def _join(base: str, ref: str) -> str:
+    """``urljoin``, plus the fragment-only references that ``urljoin`` leaves alone for
+    non-hierarchical bases (``urn:uuid:...``)."""
+    if ref.startswith("#"):
+        return urldefrag(base)[0] + ref
+    return urljoin(base, ref)
+
+
 def _target(ref: str, base: str, resources: dict[str, str], anchors: dict[tuple[str, str], str], doc: Any) -> str:
-    uri, frag = urldefrag(urljoin(base, ref))
+    uri, frag = urldefrag(_join(base, ref))
     if uri not in resources:
         raise UnsupportedFeatureError(f"$ref {ref!r} points outside the schema document (remote references are not fetched)")
     frag = unquote(frag)

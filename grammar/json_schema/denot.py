@@ -1,0 +1,207 @@
+"""Denotations: the set of JSON values a schema allows, split by type, with exact boolean operations.
+
+A ``Denot`` holds one part per JSON type: ``null`` (allowed or not), the allowed booleans, a
+``NumSet``, a ``StrSet``, and unions (lists) of ``ArrConj`` / ``ObjConj`` for arrays and
+objects. Intersection works part by part (pairwise for the unions), union concatenates, and
+complement is exact for every part: the scalar sets complement themselves, and the complement
+of a union of conjunctions is the intersection of their one-atom negations (De Morgan).
+
+So ``allOf``, ``anyOf``, ``oneOf`` ("this branch and none of the others"), ``not`` and
+``if``/``then``/``else`` are all exact here; what cannot be complemented (a negated
+``uniqueItems``, a negated inexact format) is refused through ``refuse``. Unions of
+conjunctions can grow multiplicatively: more than ``MAX_BRANCHES`` raises GrammarBudgetError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from typing import Any, Callable
+
+from ..errors import GrammarBudgetError, SchemaError
+from .conjs import ArrConj, KeyLang, ObjConj, arr_and, arr_implies, arr_negations, obj_and, obj_implies, obj_negations, prune
+from .exprs import FALSE, const
+from .numsets import NumConj, NumSet
+from .strsets import StrSet
+
+MAX_BRANCHES = 512
+BOOLS = frozenset([True, False])
+Refuse = Callable[[str, str], None]  # (keyword, why) with the pointer bound by the caller
+
+
+@dataclass(frozen=True)
+class Denot:
+    null: bool = False
+    bools: frozenset[bool] = frozenset()
+    num: NumSet = field(default_factory=NumSet.none)
+    str: StrSet = field(default_factory=StrSet.none)
+    arr: tuple[ArrConj, ...] = ()
+    obj: tuple[ObjConj, ...] = ()
+
+    def is_empty(self) -> bool:
+        """Provably empty, cheaply (a string language is not determinized here)."""
+        s = self.str
+        no_str = s.empty or (s.hi is not None and s.lo > s.hi)
+        return not (self.null or self.bools or self.arr or self.obj) and self.num.is_empty() and no_str
+
+    def types(self) -> set[str]:
+        out = set()
+        if self.null:
+            out.add("null")
+        if self.bools:
+            out.add("boolean")
+        if not self.num.is_empty():
+            out.add("number")
+        if not self.str.empty:
+            out.add("string")
+        if self.arr:
+            out.add("array")
+        if self.obj:
+            out.add("object")
+        return out
+
+
+TOP = Denot(True, BOOLS, NumSet.all(), StrSet.all(), (ArrConj(),), (ObjConj(),))
+BOTTOM = Denot()
+
+
+def only(**parts: Any) -> Denot:
+    """A denotation with the given parts and nothing of the other types."""
+    return replace(BOTTOM, **parts)
+
+
+def but(**parts: Any) -> Denot:
+    """Everything, with the given parts replaced (``but(obj=(...))``: any non-object, or those objects)."""
+    return replace(TOP, **parts)
+
+
+def _check(n: int) -> None:
+    if n > MAX_BRANCHES:
+        raise GrammarBudgetError(f"schema expands to more than {MAX_BRANCHES} alternatives (combinatorial allOf/anyOf/oneOf/not?)")
+
+
+def conj(a: Denot, b: Denot) -> Denot:
+    arr = _cross(a.arr, b.arr, arr_and, arr_implies)
+    obj = _cross(a.obj, b.obj, obj_and, obj_implies)
+    num = a.num & b.num
+    _check(len(num.conjs))
+    return Denot(a.null and b.null, a.bools & b.bools, num, a.str & b.str, arr, obj)
+
+
+def _cross(xs: tuple, ys: tuple, meet, implies) -> tuple:
+    out: dict = {}
+    for x in xs:
+        for y in ys:
+            z = x if x == y else meet(x, y)
+            if z is not None:
+                out[z] = None
+        if len(out) > MAX_BRANCHES:
+            out = dict.fromkeys(prune(list(out), implies))
+            _check(len(out))
+    return tuple(prune(list(out), implies)) if len(out) > 1 else tuple(out)
+
+
+def disj(a: Denot, b: Denot) -> Denot:
+    num = a.num | b.num
+    arr = tuple(prune(list(dict.fromkeys(a.arr + b.arr)), arr_implies))
+    obj = tuple(prune(list(dict.fromkeys(a.obj + b.obj)), obj_implies))
+    _check(max(len(num.conjs), len(arr), len(obj)))
+    return Denot(a.null or b.null, a.bools | b.bools, num, a.str | b.str, arr, obj)
+
+
+def neg(a: Denot, refuse: Refuse) -> Denot:
+    arr: tuple[ArrConj, ...] = (ArrConj(),)
+    for c in a.arr:
+        arr = _cross(arr, tuple(arr_negations(c, refuse)), arr_and, arr_implies)
+    obj: tuple[ObjConj, ...] = (ObjConj(),)
+    for c in a.obj:
+        obj = _cross(obj, tuple(obj_negations(c, refuse)), obj_and, obj_implies)
+    num = a.num.complement()
+    _check(len(num.conjs))
+    return Denot(not a.null, BOOLS - a.bools, num, a.str.complement(refuse), arr, obj)
+
+
+def exactly_one(branches: list[Denot], negations: list[Denot], sub: "Sub") -> Denot:
+    """``oneOf``: the union over i of branch i and the complement of every other branch; a
+    branch provably disjoint from branch i needs no complement."""
+    out = BOTTOM
+    for i, b in enumerate(branches):
+        cur = b
+        for j, n in enumerate(negations):
+            if j != i and not cur.is_empty() and not disjoint(cur, branches[j], sub):
+                cur = conj(cur, n)
+        out = disj(out, cur)
+    return out
+
+
+Sub = Callable[[Any], Denot]  # the denotation of a value expression (for nested checks)
+
+
+def disjoint(a: Denot, b: Denot, sub: Sub, depth: int = 2) -> bool:
+    """A cheap, sound test: True only when no value is in both."""
+    if (a.null and b.null) or (a.bools & b.bools):
+        return False
+    if not (a.num & b.num).is_empty():
+        return False
+    if not a.str.empty and not b.str.empty:
+        if a.str.is_all or b.str.is_all:
+            return False
+        try:
+            if not (a.str & b.str).is_empty():
+                return False
+        except GrammarBudgetError:
+            return False
+    for x in a.arr:
+        for y in b.arr:
+            if arr_and(x, y) is not None:
+                return False
+    for x in a.obj:
+        for y in b.obj:
+            if not _objs_disjoint(x, y, sub, depth):
+                return False
+    return True
+
+
+def _objs_disjoint(x: ObjConj, y: ObjConj, sub: Sub, depth: int) -> bool:
+    if obj_and(x, y) is None:
+        return True
+    if depth <= 0:
+        return False
+    # A key both require, with disjoint values there: the usual tagged union.
+    for k in [k for k in x.required if k in y.required]:
+        if disjoint(sub(x.prop(k)), sub(y.prop(k)), sub, depth - 1):
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------- constants
+
+
+def value_denot(v: Any) -> Denot:
+    """Exactly the JSON value ``v``."""
+    if v is None:
+        return only(null=True)
+    if isinstance(v, bool):
+        return only(bools=frozenset([v]))
+    if isinstance(v, (int, float)):
+        x = Fraction(str(v)) if isinstance(v, float) else Fraction(v)
+        return only(num=NumSet.of(NumConj(lo=x, hi=x)))
+    if isinstance(v, str):
+        return only(str=StrSet.words([v]))
+    if isinstance(v, list):
+        return only(arr=(ArrConj(tuple(const(x) for x in v), FALSE, len(v), len(v)),))
+    if isinstance(v, dict):
+        c = ObjConj(tuple((k, const(x)) for k, x in v.items()), tuple(v), ((KeyLang(without=frozenset(v)), FALSE),), explicit_extra=True)
+        return only(obj=(c,))
+    raise SchemaError(f"unsupported JSON value {v!r}")
+
+
+def values_denot(values: list) -> Denot:
+    out = BOTTOM
+    strings = [v for v in values if isinstance(v, str)]
+    for v in values:
+        if not isinstance(v, str):
+            out = disj(out, value_denot(v))
+    if strings:
+        out = disj(out, only(str=StrSet.words(strings)))
+    return out

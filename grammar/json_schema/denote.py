@@ -1,0 +1,405 @@
+"""Schema objects -> denotations: every keyword of a schema object, exactly (or refused).
+
+A schema object denotes the intersection of its *local* keywords (``type``, ``enum``/``const``
+and the type-specific keywords, each constraining only its own type) and of its *in-place
+applicators* (``$ref``, ``allOf``, ``anyOf``, ``oneOf``, ``not``, ``if``/``then``/``else``,
+``dependentSchemas``); child schemas (properties, items...) stay lazy ``Ptr`` expressions,
+denoted when the lowering reaches them.
+
+``unevaluatedProperties`` / ``unevaluatedItems`` are static: while a schema with one of them is
+denoted, its in-place applicators are denoted with ``track=True``, so each conjunction knows
+which keys and items it evaluated (``properties`` names, ``patternProperties`` languages,
+``additionalProperties`` = all; ``prefixItems`` count, ``items`` = all, ``contains`` matches),
+and the keyword becomes one more rule on the keys / items outside that set. Under tracking an
+``anyOf`` expands into the union over non-empty subsets of its branches (every branch that
+validates contributes its annotations, and fewer evaluated keys only make the constraint
+stronger, so the union is exact); ``oneOf``, ``if`` and ``not`` need nothing special (the
+annotations of failing or negated schemas are dropped, as the specification says).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from math import gcd
+from typing import Any, Callable
+
+import jsonschema
+
+from .. import ir
+from ..errors import GrammarBudgetError, SchemaError, UnsupportedFeatureError
+from .conjs import ArrConj, KeyLang, ObjConj
+from .denot import BOOLS, BOTTOM, TOP, Denot, but, conj, disj, exactly_one, neg, only, value_denot, values_denot
+from .exprs import FALSE, TRUE, And, Bool, Const, Expr, Not, Or, Ptr, holds, or_
+from .formats import format_expr
+from .numsets import NumConj, NumSet
+from .refs import pointer_escape, resolve_pointer
+from .scalars import bounds
+from .strsets import StrSet
+
+MAX_WORK = 50_000  # schema objects denoted: bounds reference bombs
+MAX_TRACKED_BRANCHES = 6  # anyOf branches expanded into subsets under unevaluated*
+TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
+ANNOTATIONS = frozenset(
+    "title description default examples $comment $schema $id $anchor $dynamicAnchor deprecated readOnly writeOnly "
+    "contentMediaType contentEncoding contentSchema $vocabulary $defs definitions".split()
+)
+RefuseAt = Callable[[str, str, str], None]  # (keyword, pointer, why)
+
+
+def type_set(schema: dict) -> set[str] | None:
+    t = schema.get("type")
+    if t is None:
+        return None
+    return {t} if isinstance(t, str) else set(t)
+
+
+class Denoter:
+    def __init__(self, doc: Any, validator: Any, refuse: RefuseAt, legacy_items: bool) -> None:
+        self.doc = doc
+        self._validator = validator
+        self.refuse = refuse
+        self.legacy_items = legacy_items  # draft-07 / 2019-09 ``items`` arrays and ``additionalItems``
+        self._memo: dict[tuple[Expr, bool], Denot] = {}
+        self._active: set[tuple[Expr, bool]] = set()
+        self._work = 0
+
+    # ------------------------------------------------------------------ expressions
+    def sub(self, ptr: str) -> Expr:
+        """The expression for the subschema at ``ptr`` (booleans and ``{}`` folded)."""
+        node = resolve_pointer(self.doc, ptr)
+        if node is True or node == {}:
+            return TRUE
+        if node is False:
+            return FALSE
+        return Ptr(ptr)
+
+    def expr(self, e: Expr, track: bool = False) -> Denot:
+        key = (e, track)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        if key in self._active:
+            raise SchemaError(f"schema at {_where(e)} refers to itself in place ($ref cycle without a nested value)")
+        self._active.add(key)
+        try:
+            out = self._expr(e, track)
+        finally:
+            self._active.discard(key)
+        self._memo[key] = out
+        return out
+
+    def _expr(self, e: Expr, track: bool) -> Denot:
+        if isinstance(e, Bool):
+            return TOP if e.value else BOTTOM
+        if isinstance(e, Const):
+            return value_denot(e.value)
+        if isinstance(e, Ptr):
+            return self.node(resolve_pointer(self.doc, e.ptr), e.ptr, track)
+        if isinstance(e, Not):
+            return neg(self.expr(e.item), self._refuser(_where(e)))
+        if isinstance(e, And):
+            consts = [x for x in e.items if isinstance(x, Const)]
+            if consts:
+                v = consts[0].value
+                ok = all(self.holds(x, v) for x in e.items)
+                return value_denot(v) if ok else BOTTOM
+            out = TOP
+            for x in sorted(e.items, key=repr):
+                out = conj(out, self.expr(x, track))
+                if out.is_empty():
+                    break
+            return out
+        assert isinstance(e, Or)
+        return self.union([self.expr(x, track) for x in sorted(e.items, key=repr)], track, _where(e))
+
+    def holds(self, e: Expr, value: Any) -> bool:
+        """Exact membership through jsonschema at the leaves (False when it cannot decide)."""
+        try:
+            return holds(e, value, lambda v, p: self._validator.evolve(schema=resolve_pointer(self.doc, p.ptr)).is_valid(v))
+        except Exception:  # e.g. a pattern Python's re cannot compile: drop the constant (sound)
+            return False
+
+    def union(self, branches: list[Denot], track: bool, ptr: str) -> Denot:
+        if track and len(branches) > 1 and any(_evaluates(b) for b in branches):
+            if len(branches) > MAX_TRACKED_BRANCHES:
+                self.refuse("unevaluatedProperties", ptr, f"anyOf with more than {MAX_TRACKED_BRANCHES} branches under unevaluated*")
+            else:
+                out = BOTTOM
+                for mask in range(1, 1 << len(branches)):
+                    part = TOP
+                    for i, b in enumerate(branches):
+                        if mask >> i & 1:
+                            part = conj(part, b)
+                    out = disj(out, part)
+                return out
+        out = BOTTOM
+        for b in branches:
+            out = disj(out, b)
+        return out
+
+    def _refuser(self, ptr: str) -> Callable[[str, str], None]:
+        return lambda keyword, why: self.refuse(keyword, ptr, why)
+
+    # ------------------------------------------------------------------ schema objects
+    def node(self, s: Any, ptr: str, track: bool) -> Denot:
+        self._work += 1
+        if self._work > MAX_WORK:
+            raise GrammarBudgetError(f"JSON schema expands to more than {MAX_WORK} subschemas (reference bomb or combinatorial allOf/anyOf?)")
+        if s is True:
+            return TOP
+        if s is False:
+            return BOTTOM
+        if not isinstance(s, dict):
+            raise SchemaError(f"schema at {ptr or '/'} must be an object or a boolean")
+        track = track or "unevaluatedProperties" in s or "unevaluatedItems" in s
+        d = self.local(s, ptr)
+        for step in (self._refs, self._all_of, self._any_of, self._one_of, self._not, self._conditional, self._dependent_schemas):
+            if d.is_empty():
+                return d
+            d = step(s, ptr, track, d)
+        return self._unevaluated(s, ptr, d)
+
+    def _refs(self, s: dict, ptr: str, track: bool, d: Denot) -> Denot:
+        if "$ref" in s:
+            d = conj(d, self.expr(self.sub(s["$ref"][1:]), track))
+        for key in ("$dynamicRef", "$recursiveRef"):
+            if key in s:
+                self.refuse(key, ptr, "dynamic references are not resolved")
+        return d
+
+    def _all_of(self, s: dict, ptr: str, track: bool, d: Denot) -> Denot:
+        for i in range(len(s.get("allOf", ()))):
+            d = conj(d, self.expr(self.sub(f"{ptr}/allOf/{i}"), track))
+        return d
+
+    def _any_of(self, s: dict, ptr: str, track: bool, d: Denot) -> Denot:
+        if "anyOf" not in s:
+            return d
+        branches = [self.expr(self.sub(f"{ptr}/anyOf/{i}"), track) for i in range(len(s["anyOf"]))]
+        return conj(d, self.union(branches, track, ptr))
+
+    def _one_of(self, s: dict, ptr: str, track: bool, d: Denot) -> Denot:
+        if "oneOf" not in s:
+            return d
+        exprs = [self.sub(f"{ptr}/oneOf/{i}") for i in range(len(s["oneOf"]))]
+        branches = [self.expr(e, track) for e in exprs]
+        negations = [self.negation(f"{ptr}/oneOf/{i}") for i in range(len(exprs))]
+        return conj(d, exactly_one(branches, negations, self.expr))
+
+    def _not(self, s: dict, ptr: str, track: bool, d: Denot) -> Denot:
+        if "not" not in s:
+            return d
+        return conj(d, self.negation(f"{ptr}/not"))
+
+    def negation(self, ptr: str) -> Denot:
+        """The complement of the schema at ``ptr``; ``{"not": X}`` there gives X itself, so a
+        double negation never complements a set that is only a lower bound."""
+        node = resolve_pointer(self.doc, ptr)
+        if isinstance(node, dict) and "not" in node and not set(node) - ANNOTATIONS - {"not"}:
+            return self.expr(self.sub(f"{ptr}/not"))
+        return neg(self.expr(self.sub(ptr)), self._refuser(ptr))
+
+    def _conditional(self, s: dict, ptr: str, track: bool, d: Denot) -> Denot:
+        if "if" not in s:
+            return d
+        cond = self.sub(f"{ptr}/if")
+        then = self.expr(self.sub(f"{ptr}/then"), track) if "then" in s else TOP
+        other = self.expr(self.sub(f"{ptr}/else"), track) if "else" in s else TOP
+        yes = conj(self.expr(cond, track), then)
+        no = conj(self.negation(f"{ptr}/if"), other)
+        return conj(d, disj(yes, no))
+
+    def _dependent_schemas(self, s: dict, ptr: str, track: bool, d: Denot) -> Denot:
+        deps = [("dependentSchemas", k) for k in s.get("dependentSchemas", {})]
+        deps += [("dependencies", k) for k, v in s.get("dependencies", {}).items() if not isinstance(v, list)]
+        for key, name in deps:
+            applied = self.expr(self.sub(f"{ptr}/{key}/{pointer_escape(name)}"), track)
+            absent = but(obj=(ObjConj(props=((name, FALSE),)),))
+            present = conj(only(obj=(ObjConj(required=(name,)),)), applied)
+            d = conj(d, disj(absent, present))
+        return d
+
+    def _unevaluated(self, s: dict, ptr: str, d: Denot) -> Denot:
+        from dataclasses import replace
+
+        if "unevaluatedProperties" in s:
+            rest = self.sub(f"{ptr}/unevaluatedProperties")
+            objs = []
+            for c in d.obj:
+                if not c.ev_all:
+                    lang = KeyLang(without=c.ev_names, unless=c.ev_pats)
+                    c = replace(c, rules=c.rules + ((lang, rest),), explicit_extra=True)
+                objs.append(replace(c, ev_all=True))
+            d = replace(d, obj=tuple(dict.fromkeys(objs)))
+        if "unevaluatedItems" in s:
+            rest = self.sub(f"{ptr}/unevaluatedItems")
+            arrs = []
+            for c in d.arr:
+                if not c.ev_all:
+                    from .conjs import arr_and
+
+                    tail = ArrConj(prefix=(TRUE,) * c.ev_prefix, rest=or_(rest, *c.ev_contains))
+                    c = arr_and(c, tail)
+                if c is not None:
+                    arrs.append(replace(c, ev_all=True))
+            d = replace(d, arr=tuple(dict.fromkeys(arrs)))
+        return d
+
+    # ------------------------------------------------------------------ local keywords
+    def local(self, s: dict, ptr: str) -> Denot:
+        types = type_set(s)
+        if types is None:
+            types = set(TYPES)
+        for t in types:
+            if t not in TYPES:
+                raise SchemaError(f"unknown type {t!r} at {ptr or '/'}")
+        num = NumSet.none()
+        if "number" in types or "integer" in types:
+            num = NumSet.of(self.number(s, ptr, "number" not in types))
+        d = Denot(
+            "null" in types,
+            BOOLS if "boolean" in types else frozenset(),
+            num,
+            self.string(s, ptr) if "string" in types else StrSet.none(),
+            self.array(s, ptr) if "array" in types else (),
+            self.objects(s, ptr) if "object" in types else (),
+        )
+        if "const" in s:
+            d = conj(d, value_denot(s["const"]))
+        if "enum" in s:
+            d = conj(d, values_denot(list(s["enum"])))
+        return d
+
+    def number(self, s: dict, ptr: str, integer: bool) -> NumConj:
+        lo, lo_x, hi, hi_x = bounds(s, ptr)
+        mult = Fraction(1) if integer else None
+        if "multipleOf" in s:
+            m = s["multipleOf"]
+            if isinstance(m, bool) or not isinstance(m, (int, float)) or m <= 0:
+                raise SchemaError(f"'multipleOf' at {ptr or '/'} must be a positive number")
+            f = Fraction(str(m)) if isinstance(m, float) else Fraction(m)
+            mult = f if mult is None else _lcm(mult, f)
+        return NumConj(lo, lo_x, hi, hi_x, mult)
+
+    def string(self, s: dict, ptr: str) -> StrSet:
+        out = StrSet(_count(s, "minLength", ptr, 0), _count(s, "maxLength", ptr, None))
+        if "pattern" in s:
+            from ..regex import regex_to_ir
+
+            try:
+                expr = regex_to_ir(s["pattern"], flavor="ecma", mode="search")
+            except UnsupportedFeatureError as exc:
+                self.refuse("pattern", ptr, str(exc))
+            else:
+                approx = ("pattern", f"pattern {s['pattern']!r} at {ptr or '/'}") if _dialect_sensitive(s["pattern"]) else None
+                out = out & StrSet.of(expr, approx)
+        fmt = s.get("format")
+        if isinstance(fmt, str):
+            try:
+                expr = format_expr(fmt, ptr)
+            except UnsupportedFeatureError as exc:
+                self.refuse("format", ptr, str(exc))
+                expr = None
+            if expr is not None:
+                out = out & StrSet.of(expr, ("format", f"format '{fmt}' at {ptr or '/'}"))
+        return out
+
+    def array(self, s: dict, ptr: str) -> tuple[ArrConj, ...]:
+        items = s.get("items")
+        if self.legacy_items or isinstance(items, list):
+            if isinstance(items, list):
+                prefix = tuple(self.sub(f"{ptr}/items/{i}") for i in range(len(items)))
+                rest = self.sub(f"{ptr}/additionalItems") if "additionalItems" in s else TRUE
+                ev_all = "additionalItems" in s
+            else:
+                prefix, rest, ev_all = (), self.sub(f"{ptr}/items") if "items" in s else TRUE, "items" in s
+        else:
+            prefix = tuple(self.sub(f"{ptr}/prefixItems/{i}") for i in range(len(s.get("prefixItems", ()))))
+            rest = self.sub(f"{ptr}/items") if "items" in s else TRUE
+            ev_all = "items" in s
+        contains: tuple = ()
+        ev_contains: tuple = ()
+        if "contains" in s:
+            c = self.sub(f"{ptr}/contains")
+            mn = _count(s, "minContains", ptr, 1)
+            mx = _count(s, "maxContains", ptr, None)
+            contains = ((c, mn, mx, 0),)
+            ev_contains = (c,)
+        from .conjs import arr_normalize
+
+        conj_ = ArrConj(prefix, rest, _count(s, "minItems", ptr, 0), _count(s, "maxItems", ptr, None), contains,
+                        s.get("uniqueItems") is True, len(prefix), ev_all, ev_contains)
+        out = arr_normalize(conj_)
+        return () if out is None else (out,)
+
+    def objects(self, s: dict, ptr: str) -> tuple[ObjConj, ...]:
+        from ..regex import regex_to_ir
+
+        props = tuple((name, self.sub(f"{ptr}/properties/{pointer_escape(name)}")) for name in s.get("properties", {}))
+        rules: list[tuple[KeyLang, Expr]] = []
+        pats: list[ir.Expr] = []
+        for p in s.get("patternProperties", {}):
+            try:
+                pir = regex_to_ir(p, flavor="ecma", mode="search")
+            except UnsupportedFeatureError as exc:
+                self.refuse("patternProperties", ptr, str(exc))
+                continue
+            pats.append(pir)
+            rules.append((KeyLang(within=StrSet.of(pir)), self.sub(f"{ptr}/patternProperties/{pointer_escape(p)}")))
+        if "additionalProperties" in s:
+            names = frozenset(s.get("properties", {}))
+            rules.append((KeyLang(without=names, unless=tuple(pats)), self.sub(f"{ptr}/additionalProperties")))
+        names_set = None
+        if "propertyNames" in s:
+            names_set = self.expr(self.sub(f"{ptr}/propertyNames")).str
+        base = ObjConj(
+            props, tuple(dict.fromkeys(s.get("required", ()))), tuple(rules), names_set,
+            _count(s, "minProperties", ptr, 0), _count(s, "maxProperties", ptr, None), (),
+            "additionalProperties" in s or "patternProperties" in s,
+            frozenset(s.get("properties", {})), tuple(pats), "additionalProperties" in s,
+        )
+        from .conjs import obj_and, obj_normalize
+
+        out = [c for c in (obj_normalize(base),) if c is not None]
+        deps = dict(s.get("dependentRequired", {}))
+        deps.update({k: v for k, v in s.get("dependencies", {}).items() if isinstance(v, list)})
+        for name, needed in deps.items():
+            absent = ObjConj(props=((name, FALSE),))
+            present = ObjConj(required=tuple(dict.fromkeys([name, *needed])))
+            out = [z for c in out for z in (obj_and(c, absent), obj_and(c, present)) if z is not None]
+            if len(out) > 512:
+                raise GrammarBudgetError(f"dependentRequired at {ptr or '/'} expands to more than 512 alternatives")
+        return tuple(dict.fromkeys(out))
+
+
+def _count(s: dict, key: str, ptr: str, default):
+    """A non-negative integer keyword (``2.0`` is 2, as the specification allows)."""
+    if key not in s:
+        return default
+    v = s[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
+        raise SchemaError(f"'{key}' at {ptr or '/'} must be a non-negative integer")
+    return int(v)
+
+
+def _lcm(a: Fraction, b: Fraction) -> Fraction:
+    return Fraction(a.numerator * b.numerator // gcd(a.numerator, b.numerator), gcd(a.denominator, b.denominator))
+
+
+# Constructs whose meaning differs between ECMA-262 (the specification) and Python's re (what
+# jsonschema runs): enforcing the ECMA meaning is a subset of both, complementing it is not.
+_DIALECT_SENSITIVE = (".", "$", "\\d", "\\D", "\\w", "\\W", "\\s", "\\S", "\\p", "\\P", "\\u", "\\c", "{,", "(?<", "\\k")
+
+
+def _dialect_sensitive(pattern: str) -> bool:
+    return not pattern.isascii() or any(t in pattern for t in _DIALECT_SENSITIVE)
+
+
+def _evaluates(d: Denot) -> bool:
+    return any(c.ev_prefix or c.ev_all or c.ev_contains for c in d.arr) or any(c.ev_names or c.ev_pats or c.ev_all for c in d.obj)
+
+
+def _where(e: Expr) -> str:
+    from .exprs import pointer_of
+
+    return pointer_of(e) or "/"
