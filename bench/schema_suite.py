@@ -10,6 +10,11 @@ scored on its own:
 - refused: the engine refused the schema (its compile error), so none of its instances ran;
 - timeout / crash: per group.
 
+A compile error that says the schema is unsatisfiable (formcast: "no JSON value is valid
+against it") is an answer, not a refusal: the engine accepts nothing, so each instance the suite
+calls invalid is correct and each one it calls valid is a valid instance rejected. ``--strict``
+counts those groups as refused instead.
+
 ``--tokenizer bytes`` (the default) runs formcast alone in this process over the byte-level
 vocabulary: the compiled language itself, quick enough to iterate on. ``--tokenizer smollm2`` or
 ``qwen2`` runs formcast, llguidance and xgrammar token by token through MaskBench's worker pool
@@ -121,7 +126,7 @@ def run_tokens(records: list[dict], engines: list[str], args: argparse.Namespace
 
 
 # ---------------------------------------------------------------------------- scoring
-def score(records: list[dict], results: list[dict]) -> dict[str, dict[str, list[tuple[str, int]]]]:
+def score(records: list[dict], results: list[dict], strict: bool = False) -> dict[str, dict[str, list[tuple[str, int]]]]:
     """engine -> outcome -> [(group id, test index)]."""
     by_id = {r["id"]: r for r in records}
     table: dict[str, dict[str, list[tuple[str, int]]]] = {}
@@ -130,6 +135,10 @@ def score(records: list[dict], results: list[dict]) -> dict[str, dict[str, list[
         cells = table.setdefault(res["engine"], {o: [] for o in OUTCOMES})
         n = len(rec["tests"])
         status = res["status"]
+        if status == "compile" and not strict and "unsatisfiable" in res.get("error", "").lower():
+            for i, t in enumerate(rec["tests"]):
+                cells["valid rejected" if t["valid"] else "correct"].append((rec["id"], i))
+            continue
         if status in ("compile", "timeout", "crash"):
             key = "refused" if status == "compile" else status
             cells[key] += [(rec["id"], i) for i in range(n)]
@@ -142,8 +151,8 @@ def score(records: list[dict], results: list[dict]) -> dict[str, dict[str, list[
     return table
 
 
-def report(records: list[dict], results: list[dict], show: set[str]) -> str:
-    table = score(records, results)
+def report(records: list[dict], results: list[dict], show: set[str], strict: bool = False) -> str:
+    table = score(records, results, strict)
     engines = list(table)
     total = sum(len(r["tests"]) for r in records)
     lines = [f"tests: {total} in {len(records)} groups", "", "| outcome | " + " | ".join(engines) + " |",
@@ -163,7 +172,8 @@ def report(records: list[dict], results: list[dict], show: set[str]) -> str:
 
             errors = Counter()
             for res in results:
-                if res["engine"] == e and res["status"] in ("compile", "timeout", "crash"):
+                unsat = "unsatisfiable" in res.get("error", "").lower() and not strict
+                if res["engine"] == e and res["status"] in ("compile", "timeout", "crash") and not unsat:
                     key = maskbench._keyword_of(res.get("error", "")) if res["status"] == "compile" else res["status"]
                     errors[key] += len(by_id[res["id"]]["tests"])
             lines.append(f"\n{e}: tests lost to refusals, by keyword")
@@ -187,6 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--show", default="", help="comma list: refused, groups, valid rejected")
     ap.add_argument("--out", type=Path, help="write the per-group results as JSON lines")
+    ap.add_argument("--strict", action="store_true", help="count 'unsatisfiable' compile errors as refusals")
     args = ap.parse_args(argv)
     records = load_suite(args.suite, args.optional)
     if args.only:
@@ -203,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
         with open(args.out, "w", encoding="utf-8") as f:
             for r in results:
                 f.write(json.dumps({k: v for k, v in r.items() if k != "tbm_us"}) + "\n")
-    print(report(records, results, {s.strip() for s in args.show.split(",") if s.strip()}))
+    print(report(records, results, {s.strip() for s in args.show.split(",") if s.strip()}, args.strict))
 
 
 if __name__ == "__main__":

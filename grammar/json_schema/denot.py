@@ -121,6 +121,13 @@ def neg(a: Denot, refuse: Refuse) -> Denot:
     return Denot(not a.null, BOOLS - a.bools, num, a.str.complement(refuse), arr, obj)
 
 
+def unannotated(d: Denot) -> Denot:
+    """``d`` with no evaluated keys or items (annotations of a negated schema are dropped)."""
+    arr = tuple(dict.fromkeys(replace(c, ev_prefix=0, ev_all=False, ev_contains=()) for c in d.arr))
+    obj = tuple(dict.fromkeys(replace(c, ev_names=frozenset(), ev_pats=(), ev_all=False) for c in d.obj))
+    return replace(d, arr=arr, obj=obj)
+
+
 def exactly_one(branches: list[Denot], negations: list[Denot], sub: "Sub") -> Denot:
     """``oneOf``: the union over i of branch i and the complement of every other branch; a
     branch provably disjoint from branch i needs no complement."""

@@ -28,7 +28,7 @@ import jsonschema
 from .. import ir
 from ..errors import GrammarBudgetError, SchemaError, UnsupportedFeatureError
 from .conjs import ArrConj, KeyLang, ObjConj
-from .denot import BOOLS, BOTTOM, TOP, Denot, but, conj, disj, exactly_one, neg, only, value_denot, values_denot
+from .denot import BOOLS, BOTTOM, TOP, Denot, but, conj, disj, exactly_one, neg, only, unannotated, value_denot, values_denot
 from .exprs import FALSE, TRUE, And, Bool, Const, Expr, Not, Or, Ptr, holds, or_
 from .formats import format_expr
 from .numsets import NumConj, NumSet
@@ -196,7 +196,7 @@ class Denoter:
         double negation never complements a set that is only a lower bound."""
         node = resolve_pointer(self.doc, ptr)
         if isinstance(node, dict) and "not" in node and not set(node) - ANNOTATIONS - {"not"}:
-            return self.expr(self.sub(f"{ptr}/not"))
+            return unannotated(self.expr(self.sub(f"{ptr}/not")))  # a negated schema evaluates nothing
         return neg(self.expr(self.sub(ptr)), self._refuser(ptr))
 
     def _conditional(self, s: dict, ptr: str, track: bool, d: Denot) -> Denot:
