@@ -127,6 +127,8 @@ class Grammar:
     root: str = "root"
     # Free-form provenance (front end, options) for error messages and cache keys.
     source_kind: str = field(default="ir")
+    # A constraint on the text beyond the language, enforced by the matcher (text_check.TextCheck).
+    check: object | None = None
 
     def validate(self) -> None:
         """Raise GrammarError for an undefined root or an undefined referenced rule."""

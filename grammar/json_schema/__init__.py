@@ -45,6 +45,7 @@ from ..errors import SchemaError
 from .layout import Layout
 from .lower import Lowerer
 from .refs import load_schema, normalize_refs
+from .unique_check import build_check
 
 __all__ = ["json_schema_to_grammar"]
 
@@ -73,7 +74,9 @@ def json_schema_to_grammar(
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 20_000))  # the walker recurses once per nested subschema
     try:
-        body = lowerer.value(lowerer.den.sub(""), 0)
+        root = lowerer.den.sub("")
+        body = lowerer.value(root, 0)
+        check = build_check(lowerer.den, root) if lowerer.has_unique else None
     finally:
         sys.setrecursionlimit(limit)
     if isinstance(body, ir.Nothing):
@@ -82,6 +85,6 @@ def json_schema_to_grammar(
     # only wastes its budget (leading whitespace stays allowed, as some models start with a newline).
     rules: dict[str, ir.Expr] = {"root": ir.seq(layout.outer(), body)}
     rules.update(lowerer.rules)
-    grammar = ir.Grammar(rules, "root", "json_schema")
+    grammar = ir.Grammar(rules, "root", "json_schema", check)
     grammar.validate()
     return grammar

@@ -92,7 +92,7 @@ def _graph(lw: "Lowerer", c: ArrConj, ptr: str, depth: int, values: list | None)
     sep = lw.layout.sep(depth)
     entries = list(c.contains)
     caps = [mx + 1 if mx is not None else mn for _, mn, mx, _ in entries]
-    top = max([len(c.prefix), c.lo, *(st + 1 for _, _, _, st in entries)])
+    top = max([1, len(c.prefix), c.lo, *(st + 1 for _, _, _, st in entries)])
     if c.hi is not None:
         top = c.hi
     ids: dict[tuple, int] = {}

@@ -45,6 +45,7 @@ class Lowerer:
         self._cycles: dict[tuple[Expr, int], str] = {}
         self._fresh = 0
         self._nesting = 0
+        self.has_unique = False
 
     # ---------------------------------------------------------------- helpers
     def refuse(self, keyword: str, pointer: str, why: str = "") -> None:
@@ -57,8 +58,9 @@ class Lowerer:
         )
 
     def unique_site(self, c, ptr: str) -> None:
-        """An array whose items must be unique and cannot be enumerated."""
-        self.refuse("uniqueItems", ptr, "items with more than a few possible values")
+        """An array whose items must be unique and cannot be enumerated: the matcher enforces it
+        (``unique_check``); ``json_schema_to_grammar`` attaches the check."""
+        self.has_unique = True
 
     def add_rule(self, prefix: str, expr: ir.Expr) -> ir.Expr:
         self._fresh += 1

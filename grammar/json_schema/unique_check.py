@@ -1,0 +1,393 @@
+"""``uniqueItems`` in the matcher: a JSON scanner that refuses an item equal to an earlier one.
+
+Uniqueness of items from an infinite domain is not regular, so the grammar accepts duplicates and
+this :class:`~grammar.text_check.TextCheck` rejects them. Two parts:
+
+- *Where*: a structure graph built at compile time from the denotations: one node per value
+  schema that can lead to a unique array, with its children by key (named keys, key languages)
+  and by index (prefix positions, the rest, ``contains``). While scanning, each open container
+  holds the set of nodes that apply to it; an array is unique when one of them says so. Taking
+  every branch of a union (and every ``contains`` schema) over-approximates where uniqueness
+  applies: a restriction at worst, never a duplicate accepted.
+- *What*: an incremental JSON scanner over the bytes the grammar accepted. When an item of a
+  unique array completes (closing quote, closing bracket, the end of a number or literal), its
+  text is parsed and compared by JSON value with the earlier items: numbers are equal when equal
+  as exact decimals *or* as floats (what jsonschema compares), objects regardless of key order,
+  and ``true`` is not ``1``.
+
+Scanner states are immutable (the text so far is a linked list of chunks), so matchers copy and
+roll back by keeping references. ``banned`` simulates the allowed tokens that could complete an
+item (a quote inside a string, a delimiter after a number...) and returns those that complete a
+duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import GrammarBudgetError
+from .exprs import FALSE, TRUE, Expr
+
+if TYPE_CHECKING:
+    from .conjs import KeyLang
+    from .denote import Denoter
+
+MAX_NODES = 20_000
+VALUE, AFTER, KEY_FIRST, KEY, COLON, STRING, NUMBER, LITERAL, DONE = range(9)
+_WS = frozenset(b" \t\n\r")
+_NUMBER_CHARS = frozenset(b"0123456789+-.eE")
+_LITERALS = {ord("t"): b"rue", ord("f"): b"alse", ord("n"): b"ull"}
+
+
+# ---------------------------------------------------------------------------- where
+
+
+@dataclass
+class _Node:
+    unique: bool
+    names: dict[str, list[int]]
+    langs: list[tuple["KeyLang", int]]
+    indexes: list[tuple[int, int | None, int]]  # (first, last or None, child)
+
+
+def build_check(den: "Denoter", root: Expr) -> "UniqueItemsCheck | None":
+    """The check for the schema ``root``, or None when no array in it must be unique."""
+    ids: dict[Expr, int] = {}
+    nodes: list[_Node] = []
+    todo = [root]
+    ids[root] = 0
+    nodes.append(_Node(False, {}, [], []))
+    while todo:
+        e = todo.pop()
+        node = nodes[ids[e]]
+        d = den.expr(e)
+        node.unique = any(c.unique for c in d.arr)
+
+        def child(x: Expr) -> int | None:
+            if x in (TRUE, FALSE):
+                return None
+            if x not in ids:
+                if len(nodes) >= MAX_NODES:
+                    raise GrammarBudgetError(f"uniqueItems: the schema has more than {MAX_NODES} value schemas to track")
+                ids[x] = len(nodes)
+                nodes.append(_Node(False, {}, [], []))
+                todo.append(x)
+            return ids[x]
+
+        for c in d.obj:
+            for k, v in c.props:
+                j = child(v)
+                if j is not None:
+                    node.names.setdefault(k, []).append(j)
+            for lang, s in c.rules + c.exists:
+                j = child(s)
+                if j is not None:
+                    node.langs.append((lang, j))
+        for c in d.arr:
+            for i, p in enumerate(c.prefix):
+                j = child(p)
+                if j is not None:
+                    node.indexes.append((i, i, j))
+            for s, start in [(c.rest, len(c.prefix))] + [(x, st) for x, _, _, st in c.contains]:
+                j = child(s)
+                if j is not None:
+                    node.indexes.append((start, None, j))
+    relevant = _leading_to_unique(nodes)
+    if not relevant[0]:
+        return None
+    return UniqueItemsCheck(nodes, relevant)
+
+
+def _leading_to_unique(nodes: list[_Node]) -> list[bool]:
+    """Nodes from which a unique array is reachable (the others need no tracking)."""
+    parents: list[list[int]] = [[] for _ in nodes]
+    for i, n in enumerate(nodes):
+        kids = [j for js in n.names.values() for j in js] + [j for _, j in n.langs] + [j for _, _, j in n.indexes]
+        for j in kids:
+            parents[j].append(i)
+    out = [n.unique for n in nodes]
+    todo = [i for i, u in enumerate(out) if u]
+    while todo:
+        j = todo.pop()
+        for i in parents[j]:
+            if not out[i]:
+                out[i] = True
+                todo.append(i)
+    return out
+
+
+# ---------------------------------------------------------------------------- what
+
+
+@dataclass(frozen=True)
+class _Text:
+    prev: "_Text | None"
+    chunk: bytes
+    end: int  # offset just after ``chunk``
+
+
+def _slice(text: _Text | None, start: int, end: int) -> bytes:
+    parts = []
+    while text is not None and text.end > start:
+        lo = text.end - len(text.chunk)
+        a, b = max(start - lo, 0), min(end - lo, len(text.chunk))
+        if a < b:
+            parts.append(text.chunk[a:b])
+        text = text.prev
+    return b"".join(reversed(parts))
+
+
+@dataclass(frozen=True)
+class _Frame:
+    array: bool
+    nodes: frozenset[int]
+    unique: bool
+    seen: frozenset = frozenset()  # equality keys of the completed items (unique arrays)
+    index: int = -1  # index of the current item (arrays)
+    key: str | None = None  # current member key (objects)
+    item_start: int = 0  # where the current item began (unique arrays)
+
+
+@dataclass(frozen=True)
+class ScanState:
+    mode: int = VALUE
+    frames: tuple[_Frame, ...] = ()
+    text: _Text | None = None
+    pos: int = 0
+    lex_start: int = 0  # where the current string / number / literal began
+    is_key: bool = False
+    esc: int = 0  # 0, 1 after a backslash, 2..5 hex digits of \uXXXX read
+    lit: bytes = b""  # the rest of true / false / null
+    root_done: bool = False
+
+
+class _Violation(Exception):
+    pass
+
+
+class UniqueItemsCheck:
+    """The :class:`~grammar.text_check.TextCheck` of a schema with ``uniqueItems``."""
+
+    def __init__(self, nodes: list[_Node], relevant: list[bool]) -> None:
+        self._nodes = nodes
+        self._relevant = relevant
+        self._lock = threading.Lock()
+        self._children: dict[tuple[frozenset[int], Any], frozenset[int]] = {}
+
+    # -- structure
+    def _child_nodes(self, nodes: frozenset[int], step: Any) -> frozenset[int]:
+        key = (nodes, step)
+        with self._lock:
+            hit = self._children.get(key)
+        if hit is not None:
+            return hit
+        out: set[int] = set()
+        for n in nodes:
+            node = self._nodes[n]
+            if isinstance(step, str):
+                out.update(node.names.get(step, ()))
+                out.update(j for lang, j in node.langs if lang.accepts(step))
+            else:
+                out.update(j for lo, hi, j in node.indexes if lo <= step and (hi is None or step <= hi))
+        res = frozenset(j for j in out if self._relevant[j])
+        with self._lock:
+            if len(self._children) > 100_000:
+                self._children.clear()
+            self._children[key] = res
+        return res
+
+    def _unique(self, nodes: frozenset[int]) -> bool:
+        return any(self._nodes[n].unique for n in nodes)
+
+    # -- TextCheck
+    def start(self) -> ScanState:
+        return ScanState()
+
+    def may_ban(self, state: ScanState) -> bool:
+        return any(f.unique and f.seen for f in state.frames)
+
+    def feed(self, state: ScanState, data: bytes) -> ScanState | None:
+        if not data:
+            return state
+        try:
+            return _Scan(self, state, data).run()
+        except _Violation:
+            return None
+
+    def banned(self, state: ScanState, token_bytes: list[bytes], allowed: np.ndarray) -> np.ndarray:
+        if not self.may_ban(state):
+            return np.zeros(0, dtype=np.int64)
+        has = _byte_index(token_bytes)
+        mask = np.zeros(len(allowed), dtype=bool)
+        for b in _enders(state.mode):
+            mask |= has[b][allowed]
+        out = [t for t in allowed[mask].tolist() if self.feed(state, token_bytes[t]) is None]
+        return np.array(out, dtype=np.int64)
+
+
+def _enders(mode: int) -> bytes:
+    """Bytes that can complete an item from a scanner in ``mode`` (a cheap filter)."""
+    if mode == STRING:
+        return b'"'
+    if mode == NUMBER:
+        return b",]} \t\n\r"
+    if mode == LITERAL:
+        return b"el"
+    return b'",]}el'
+
+
+_INDEX: dict[int, tuple[list[bytes], dict[int, np.ndarray]]] = {}
+_INDEX_LOCK = threading.Lock()
+
+
+def _byte_index(token_bytes: list[bytes]) -> dict[int, np.ndarray]:
+    """For each byte that can complete an item: which tokens contain it (once per vocabulary)."""
+    with _INDEX_LOCK:
+        hit = _INDEX.get(id(token_bytes))
+        if hit is not None and hit[0] is token_bytes:
+            return hit[1]
+    index = {b: np.fromiter((b in t for t in token_bytes), dtype=bool, count=len(token_bytes)) for b in b'",]}el \t\n\r'}
+    with _INDEX_LOCK:
+        _INDEX[id(token_bytes)] = (token_bytes, index)
+    return index
+
+
+class _Scan:
+    """One ``feed``: mutable copies of the state's fields, written back at the end."""
+
+    def __init__(self, check: UniqueItemsCheck, s: ScanState, data: bytes) -> None:
+        self.check = check
+        self.mode, self.frames, self.pos = s.mode, list(s.frames), s.pos
+        self.lex_start, self.is_key, self.esc, self.lit = s.lex_start, s.is_key, s.esc, s.lit
+        self.root_done = s.root_done
+        self.text = _Text(s.text, data, s.pos + len(data))
+        self.data = data
+
+    def run(self) -> ScanState:
+        for b in self.data:
+            self.byte(b)
+            self.pos += 1
+        return ScanState(self.mode, tuple(self.frames), self.text, self.pos, self.lex_start, self.is_key, self.esc, self.lit, self.root_done)
+
+    def byte(self, b: int) -> None:
+        mode = self.mode
+        if mode == STRING:
+            self.string_byte(b)
+        elif mode == NUMBER:
+            if b not in _NUMBER_CHARS:
+                self.complete(self.pos)
+                self.byte(b)
+        elif mode == LITERAL:
+            self.lit = self.lit[1:]
+            if not self.lit:
+                self.complete(self.pos + 1)
+        elif b in _WS:
+            pass
+        elif mode in (VALUE, DONE):
+            self.value_start(b)
+        elif mode == AFTER:
+            if b == ord(","):
+                self.mode = VALUE if self.frames[-1].array else KEY
+            else:  # ']' or '}'
+                self.close()
+        elif mode in (KEY, KEY_FIRST):
+            if b == ord("}"):
+                self.close()
+            else:
+                self.mode, self.lex_start, self.is_key, self.esc = STRING, self.pos, True, 0
+        elif mode == COLON:
+            self.mode = VALUE
+
+    def value_start(self, b: int) -> None:
+        if b == ord("]"):  # right after '[': the empty array
+            self.close()
+            return
+        if self.frames and self.frames[-1].array:
+            f = self.frames[-1]
+            self.frames[-1] = replace(f, index=f.index + 1, item_start=self.pos)
+        if b in (ord("{"), ord("[")):
+            array = b == ord("[")
+            nodes = self.child_nodes()
+            self.frames.append(_Frame(array, nodes, array and self.check._unique(nodes)))
+            self.mode = VALUE if array else KEY_FIRST
+        elif b == ord('"'):
+            self.mode, self.lex_start, self.is_key, self.esc = STRING, self.pos, False, 0
+        elif b in _LITERALS:
+            self.mode, self.lex_start, self.lit = LITERAL, self.pos, _LITERALS[b]
+        else:
+            self.mode, self.lex_start = NUMBER, self.pos
+
+    def child_nodes(self) -> frozenset[int]:
+        if not self.frames:
+            return frozenset([0]) if self.check._relevant[0] else frozenset()
+        f = self.frames[-1]
+        if not f.nodes:
+            return frozenset()
+        return self.check._child_nodes(f.nodes, f.index if f.array else f.key)
+
+    def string_byte(self, b: int) -> None:
+        if self.esc == 1:
+            self.esc = 2 if b == ord("u") else 0
+        elif self.esc >= 2:
+            self.esc = 0 if self.esc == 5 else self.esc + 1
+        elif b == ord("\\"):
+            self.esc = 1
+        elif b == ord('"'):
+            if self.is_key:
+                f = self.frames[-1]
+                key = json.loads(_slice(self.text, self.lex_start, self.pos + 1)) if f.nodes else None
+                self.frames[-1] = replace(f, key=key)
+                self.mode = COLON
+            else:
+                self.complete(self.pos + 1)
+
+    def close(self) -> None:
+        self.frames.pop()
+        self.complete(self.pos + 1)
+
+    def complete(self, end: int) -> None:
+        """A value ended just before ``end``: check it against its unique array's items."""
+        if self.frames:
+            f = self.frames[-1]
+            if f.array and f.unique:
+                keys = _equality_keys(_slice(self.text, f.item_start, end))
+                if keys & f.seen:
+                    raise _Violation()
+                self.frames[-1] = replace(f, seen=f.seen | keys)
+            self.mode = AFTER
+        else:
+            self.mode = DONE
+
+
+def _equality_keys(text: bytes) -> frozenset[str]:
+    """Keys equal for equal JSON values: exact decimals, and (for numbers) floats too."""
+    exact = json.loads(text, parse_float=Decimal, parse_int=Decimal)
+    keys = {json.dumps(_norm(exact, False), sort_keys=True)}
+    try:
+        approx = json.loads(text)
+        keys.add(json.dumps(_norm(approx, True), sort_keys=True))
+    except (ValueError, OverflowError):
+        pass
+    return frozenset(keys)
+
+
+def _norm(v: Any, as_float: bool) -> Any:
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return v
+    if isinstance(v, (int, float, Decimal)):
+        if as_float:
+            try:
+                return {"#f": repr(float(v))}
+            except OverflowError:
+                return {"#x": str(Fraction(str(v)))}
+        return {"#x": str(Fraction(v))}
+    if isinstance(v, list):
+        return [_norm(x, as_float) for x in v]
+    return {k: _norm(x, as_float) for k, x in v.items()}
