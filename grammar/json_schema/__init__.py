@@ -44,7 +44,7 @@ from .. import ir
 from ..errors import SchemaError
 from .layout import Layout
 from .lower import Lowerer
-from .refs import load_schema, normalize_refs
+from .refs import Dynamic, load_schema, normalize_refs
 from .unique_check import build_check
 
 __all__ = ["json_schema_to_grammar"]
@@ -69,8 +69,9 @@ def json_schema_to_grammar(
     """
     layout = Layout.from_option(whitespace, max_whitespace)
     raw, validator_cls = load_schema(schema)
-    doc = normalize_refs(raw)
-    lowerer = Lowerer(doc, validator_cls, layout, strict_properties, relax_keywords)
+    dynamic = Dynamic()
+    doc = normalize_refs(raw, dynamic)
+    lowerer = Lowerer(doc, validator_cls, layout, strict_properties, relax_keywords, dynamic)
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 20_000))  # the walker recurses once per nested subschema
     try:

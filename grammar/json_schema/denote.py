@@ -32,7 +32,7 @@ from .denot import BOOLS, BOTTOM, TOP, Denot, but, conj, disj, exactly_one, neg,
 from .exprs import FALSE, TRUE, And, Bool, Const, Expr, Not, Or, Ptr, holds, or_
 from .formats import format_expr
 from .numsets import NumConj, NumSet
-from .refs import pointer_escape, resolve_pointer
+from .refs import Dynamic, pointer_escape, resolve_pointer
 from .scalars import bounds
 from .strsets import StrSet
 
@@ -54,8 +54,11 @@ def type_set(schema: dict) -> set[str] | None:
 
 
 class Denoter:
-    def __init__(self, doc: Any, validator: Any, refuse: RefuseAt, legacy_items: bool) -> None:
+    def __init__(self, doc: Any, validator: Any, refuse: RefuseAt, legacy_items: bool, dynamic: Dynamic | None = None) -> None:
         self.doc = doc
+        self.dynamic = dynamic or Dynamic()
+        # Dynamic anchor names some bookended $dynamicRef resolves: the only ones a scope binds.
+        self._dyn_names = frozenset(n for _, n in self.dynamic.refs.values() if n is not None)
         self._validator = validator
         self.refuse = refuse
         self.legacy_items = legacy_items  # draft-07 / 2019-09 ``items`` arrays and ``additionalItems``
@@ -64,14 +67,26 @@ class Denoter:
         self._work = 0
 
     # ------------------------------------------------------------------ expressions
-    def sub(self, ptr: str) -> Expr:
-        """The expression for the subschema at ``ptr`` (booleans and ``{}`` folded)."""
+    def sub(self, ptr: str, scope: tuple = ()) -> Expr:
+        """The expression for the subschema at ``ptr`` reached from dynamic ``scope`` (booleans
+        and ``{}`` folded)."""
         node = resolve_pointer(self.doc, ptr)
         if node is True or node == {}:
             return TRUE
         if node is False:
             return FALSE
-        return Ptr(ptr)
+        return Ptr(ptr, self.enter(scope, ptr))
+
+    def enter(self, scope: tuple, ptr: str) -> tuple:
+        """The dynamic scope once evaluation reaches ``ptr``: the anchors of its resource are bound
+        unless an outer resource bound them first. Only names a $dynamicRef uses are kept."""
+        if not self._dyn_names:
+            return ()
+        bound = dict(scope)
+        for name, target in self.dynamic.anchors.get(self.dynamic.resource_of(ptr), {}).items():
+            if name in self._dyn_names and name not in bound:
+                bound[name] = target
+        return tuple(sorted(bound.items()))
 
     def expr(self, e: Expr, track: bool = False) -> Denot:
         key = (e, track)
@@ -94,7 +109,7 @@ class Denoter:
         if isinstance(e, Const):
             return value_denot(e.value)
         if isinstance(e, Ptr):
-            return self.node(resolve_pointer(self.doc, e.ptr), e.ptr, track)
+            return self.node(resolve_pointer(self.doc, e.ptr), e.ptr, e.scope, track)
         if isinstance(e, Not):
             return neg(self.expr(e.item), self._refuser(_where(e)))
         if isinstance(e, And):
@@ -113,7 +128,12 @@ class Denoter:
         return self.union([self.expr(x, track) for x in sorted(e.items, key=repr)], track, _where(e))
 
     def holds(self, e: Expr, value: Any) -> bool:
-        """Exact membership through jsonschema at the leaves (False when it cannot decide)."""
+        """Exact membership through jsonschema at the leaves (False when it cannot decide).
+        With dynamic references jsonschema cannot see our scopes: the denotation decides."""
+        if self._dyn_names:
+            from .membership import member
+
+            return member(value, self.expr(e), self)
         try:
             return holds(e, value, lambda v, p: self._validator.evolve(schema=resolve_pointer(self.doc, p.ptr)).is_valid(v))
         except Exception:  # e.g. a pattern Python's re cannot compile: drop the constant (sound)
@@ -141,7 +161,7 @@ class Denoter:
         return lambda keyword, why: self.refuse(keyword, ptr, why)
 
     # ------------------------------------------------------------------ schema objects
-    def node(self, s: Any, ptr: str, track: bool) -> Denot:
+    def node(self, s: Any, ptr: str, scope: tuple, track: bool) -> Denot:
         self._work += 1
         if self._work > MAX_WORK:
             raise GrammarBudgetError(f"JSON schema expands to more than {MAX_WORK} subschemas (reference bomb or combinatorial allOf/anyOf?)")
@@ -152,78 +172,82 @@ class Denoter:
         if not isinstance(s, dict):
             raise SchemaError(f"schema at {ptr or '/'} must be an object or a boolean")
         track = track or "unevaluatedProperties" in s or "unevaluatedItems" in s
-        d = self.local(s, ptr)
+        d = self.local(s, ptr, scope)
         for step in (self._refs, self._all_of, self._any_of, self._one_of, self._not, self._conditional, self._dependent_schemas):
             if d.is_empty():
                 return d
-            d = step(s, ptr, track, d)
-        return self._unevaluated(s, ptr, d)
+            d = step(s, ptr, scope, track, d)
+        return self._unevaluated(s, ptr, scope, d)
 
-    def _refs(self, s: dict, ptr: str, track: bool, d: Denot) -> Denot:
+    def _refs(self, s: dict, ptr: str, scope: tuple, track: bool, d: Denot) -> Denot:
         if "$ref" in s:
-            d = conj(d, self.expr(self.sub(s["$ref"][1:]), track))
-        for key in ("$dynamicRef", "$recursiveRef"):
-            if key in s:
-                self.refuse(key, ptr, "dynamic references are not resolved")
+            d = conj(d, self.expr(self.sub(s["$ref"][1:], scope), track))
+        if "$dynamicRef" in s:
+            target, name = self.dynamic.refs.get(ptr, (s["$dynamicRef"][1:], None))
+            if name is not None:
+                target = dict(scope).get(name, target)
+            d = conj(d, self.expr(self.sub(target, scope), track))
+        if "$recursiveRef" in s:
+            self.refuse("$recursiveRef", ptr, "2019-09 recursive references are not resolved")
         return d
 
-    def _all_of(self, s: dict, ptr: str, track: bool, d: Denot) -> Denot:
+    def _all_of(self, s: dict, ptr: str, scope: tuple, track: bool, d: Denot) -> Denot:
         for i in range(len(s.get("allOf", ()))):
-            d = conj(d, self.expr(self.sub(f"{ptr}/allOf/{i}"), track))
+            d = conj(d, self.expr(self.sub(f"{ptr}/allOf/{i}", scope), track))
         return d
 
-    def _any_of(self, s: dict, ptr: str, track: bool, d: Denot) -> Denot:
+    def _any_of(self, s: dict, ptr: str, scope: tuple, track: bool, d: Denot) -> Denot:
         if "anyOf" not in s:
             return d
-        branches = [self.expr(self.sub(f"{ptr}/anyOf/{i}"), track) for i in range(len(s["anyOf"]))]
+        branches = [self.expr(self.sub(f"{ptr}/anyOf/{i}", scope), track) for i in range(len(s["anyOf"]))]
         return conj(d, self.union(branches, track, ptr))
 
-    def _one_of(self, s: dict, ptr: str, track: bool, d: Denot) -> Denot:
+    def _one_of(self, s: dict, ptr: str, scope: tuple, track: bool, d: Denot) -> Denot:
         if "oneOf" not in s:
             return d
-        exprs = [self.sub(f"{ptr}/oneOf/{i}") for i in range(len(s["oneOf"]))]
+        exprs = [self.sub(f"{ptr}/oneOf/{i}", scope) for i in range(len(s["oneOf"]))]
         branches = [self.expr(e, track) for e in exprs]
-        negations = [self.negation(f"{ptr}/oneOf/{i}") for i in range(len(exprs))]
+        negations = [self.negation(f"{ptr}/oneOf/{i}", scope) for i in range(len(exprs))]
         return conj(d, exactly_one(branches, negations, self.expr))
 
-    def _not(self, s: dict, ptr: str, track: bool, d: Denot) -> Denot:
+    def _not(self, s: dict, ptr: str, scope: tuple, track: bool, d: Denot) -> Denot:
         if "not" not in s:
             return d
-        return conj(d, self.negation(f"{ptr}/not"))
+        return conj(d, self.negation(f"{ptr}/not", scope))
 
-    def negation(self, ptr: str) -> Denot:
+    def negation(self, ptr: str, scope: tuple) -> Denot:
         """The complement of the schema at ``ptr``; ``{"not": X}`` there gives X itself, so a
         double negation never complements a set that is only a lower bound."""
         node = resolve_pointer(self.doc, ptr)
         if isinstance(node, dict) and "not" in node and not set(node) - ANNOTATIONS - {"not"}:
-            return unannotated(self.expr(self.sub(f"{ptr}/not")))  # a negated schema evaluates nothing
-        return neg(self.expr(self.sub(ptr)), self._refuser(ptr))
+            return unannotated(self.expr(self.sub(f"{ptr}/not", scope)))  # a negated schema evaluates nothing
+        return neg(self.expr(self.sub(ptr, scope)), self._refuser(ptr))
 
-    def _conditional(self, s: dict, ptr: str, track: bool, d: Denot) -> Denot:
+    def _conditional(self, s: dict, ptr: str, scope: tuple, track: bool, d: Denot) -> Denot:
         if "if" not in s:
             return d
-        cond = self.sub(f"{ptr}/if")
-        then = self.expr(self.sub(f"{ptr}/then"), track) if "then" in s else TOP
-        other = self.expr(self.sub(f"{ptr}/else"), track) if "else" in s else TOP
+        cond = self.sub(f"{ptr}/if", scope)
+        then = self.expr(self.sub(f"{ptr}/then", scope), track) if "then" in s else TOP
+        other = self.expr(self.sub(f"{ptr}/else", scope), track) if "else" in s else TOP
         yes = conj(self.expr(cond, track), then)
-        no = conj(self.negation(f"{ptr}/if"), other)
+        no = conj(self.negation(f"{ptr}/if", scope), other)
         return conj(d, disj(yes, no))
 
-    def _dependent_schemas(self, s: dict, ptr: str, track: bool, d: Denot) -> Denot:
+    def _dependent_schemas(self, s: dict, ptr: str, scope: tuple, track: bool, d: Denot) -> Denot:
         deps = [("dependentSchemas", k) for k in s.get("dependentSchemas", {})]
         deps += [("dependencies", k) for k, v in s.get("dependencies", {}).items() if not isinstance(v, list)]
         for key, name in deps:
-            applied = self.expr(self.sub(f"{ptr}/{key}/{pointer_escape(name)}"), track)
+            applied = self.expr(self.sub(f"{ptr}/{key}/{pointer_escape(name)}", scope), track)
             absent = but(obj=(ObjConj(props=((name, FALSE),)),))
             present = conj(only(obj=(ObjConj(required=(name,)),)), applied)
             d = conj(d, disj(absent, present))
         return d
 
-    def _unevaluated(self, s: dict, ptr: str, d: Denot) -> Denot:
+    def _unevaluated(self, s: dict, ptr: str, scope: tuple, d: Denot) -> Denot:
         from dataclasses import replace
 
         if "unevaluatedProperties" in s:
-            rest = self.sub(f"{ptr}/unevaluatedProperties")
+            rest = self.sub(f"{ptr}/unevaluatedProperties", scope)
             objs = []
             for c in d.obj:
                 if not c.ev_all:
@@ -232,7 +256,7 @@ class Denoter:
                 objs.append(replace(c, ev_all=True))
             d = replace(d, obj=tuple(dict.fromkeys(objs)))
         if "unevaluatedItems" in s:
-            rest = self.sub(f"{ptr}/unevaluatedItems")
+            rest = self.sub(f"{ptr}/unevaluatedItems", scope)
             arrs = []
             for c in d.arr:
                 if not c.ev_all:
@@ -246,7 +270,7 @@ class Denoter:
         return d
 
     # ------------------------------------------------------------------ local keywords
-    def local(self, s: dict, ptr: str) -> Denot:
+    def local(self, s: dict, ptr: str, scope: tuple) -> Denot:
         types = type_set(s)
         if types is None:
             types = set(TYPES)
@@ -261,8 +285,8 @@ class Denoter:
             BOOLS if "boolean" in types else frozenset(),
             num,
             self.string(s, ptr) if "string" in types else StrSet.none(),
-            self.array(s, ptr) if "array" in types else (),
-            self.objects(s, ptr) if "object" in types else (),
+            self.array(s, ptr, scope) if "array" in types else (),
+            self.objects(s, ptr, scope) if "object" in types else (),
         )
         if "const" in s:
             d = conj(d, value_denot(s["const"]))
@@ -304,23 +328,23 @@ class Denoter:
                 out = out & StrSet.of(expr, ("format", f"format '{fmt}' at {ptr or '/'}"))
         return out
 
-    def array(self, s: dict, ptr: str) -> tuple[ArrConj, ...]:
+    def array(self, s: dict, ptr: str, scope: tuple) -> tuple[ArrConj, ...]:
         items = s.get("items")
         if self.legacy_items or isinstance(items, list):
             if isinstance(items, list):
-                prefix = tuple(self.sub(f"{ptr}/items/{i}") for i in range(len(items)))
-                rest = self.sub(f"{ptr}/additionalItems") if "additionalItems" in s else TRUE
+                prefix = tuple(self.sub(f"{ptr}/items/{i}", scope) for i in range(len(items)))
+                rest = self.sub(f"{ptr}/additionalItems", scope) if "additionalItems" in s else TRUE
                 ev_all = "additionalItems" in s
             else:
-                prefix, rest, ev_all = (), self.sub(f"{ptr}/items") if "items" in s else TRUE, "items" in s
+                prefix, rest, ev_all = (), self.sub(f"{ptr}/items", scope) if "items" in s else TRUE, "items" in s
         else:
-            prefix = tuple(self.sub(f"{ptr}/prefixItems/{i}") for i in range(len(s.get("prefixItems", ()))))
-            rest = self.sub(f"{ptr}/items") if "items" in s else TRUE
+            prefix = tuple(self.sub(f"{ptr}/prefixItems/{i}", scope) for i in range(len(s.get("prefixItems", ()))))
+            rest = self.sub(f"{ptr}/items", scope) if "items" in s else TRUE
             ev_all = "items" in s
         contains: tuple = ()
         ev_contains: tuple = ()
         if "contains" in s:
-            c = self.sub(f"{ptr}/contains")
+            c = self.sub(f"{ptr}/contains", scope)
             mn = _count(s, "minContains", ptr, 1)
             mx = _count(s, "maxContains", ptr, None)
             contains = ((c, mn, mx, 0),)
@@ -332,10 +356,10 @@ class Denoter:
         out = arr_normalize(conj_)
         return () if out is None else (out,)
 
-    def objects(self, s: dict, ptr: str) -> tuple[ObjConj, ...]:
+    def objects(self, s: dict, ptr: str, scope: tuple) -> tuple[ObjConj, ...]:
         from ..regex import regex_to_ir
 
-        props = tuple((name, self.sub(f"{ptr}/properties/{pointer_escape(name)}")) for name in s.get("properties", {}))
+        props = tuple((name, self.sub(f"{ptr}/properties/{pointer_escape(name)}", scope)) for name in s.get("properties", {}))
         rules: list[tuple[KeyLang, Expr]] = []
         pats: list[ir.Expr] = []
         for p in s.get("patternProperties", {}):
@@ -345,13 +369,13 @@ class Denoter:
                 self.refuse("patternProperties", ptr, str(exc))
                 continue
             pats.append(pir)
-            rules.append((KeyLang(within=StrSet.of(pir)), self.sub(f"{ptr}/patternProperties/{pointer_escape(p)}")))
+            rules.append((KeyLang(within=StrSet.of(pir)), self.sub(f"{ptr}/patternProperties/{pointer_escape(p)}", scope)))
         if "additionalProperties" in s:
             names = frozenset(s.get("properties", {}))
-            rules.append((KeyLang(without=names, unless=tuple(pats)), self.sub(f"{ptr}/additionalProperties")))
+            rules.append((KeyLang(without=names, unless=tuple(pats)), self.sub(f"{ptr}/additionalProperties", scope)))
         names_set = None
         if "propertyNames" in s:
-            names_set = self.expr(self.sub(f"{ptr}/propertyNames")).str
+            names_set = self.expr(self.sub(f"{ptr}/propertyNames", scope)).str
         base = ObjConj(
             props, tuple(dict.fromkeys(s.get("required", ()))), tuple(rules), names_set,
             _count(s, "minProperties", ptr, 0), _count(s, "maxProperties", ptr, None), (),

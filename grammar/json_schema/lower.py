@@ -30,7 +30,7 @@ _BUILDING = object()
 
 
 class Lowerer:
-    def __init__(self, doc: Any, validator_cls: type, layout: Layout, strict_properties: bool, relax: Iterable[str]) -> None:
+    def __init__(self, doc: Any, validator_cls: type, layout: Layout, strict_properties: bool, relax: Iterable[str], dynamic=None) -> None:
         import jsonschema
 
         self.doc = doc
@@ -40,7 +40,7 @@ class Lowerer:
         self.rules: dict[str, ir.Expr] = {}
         validator = validator_cls(doc, format_checker=validator_cls.FORMAT_CHECKER)
         legacy = validator_cls not in (jsonschema.Draft202012Validator,)
-        self.den = Denoter(doc, validator, self.refuse, legacy_items=legacy)
+        self.den = Denoter(doc, validator, self.refuse, legacy_items=legacy, dynamic=dynamic)
         self._memo: dict[tuple[Expr, int], Any] = {}
         self._cycles: dict[tuple[Expr, int], str] = {}
         self._fresh = 0
