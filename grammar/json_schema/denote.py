@@ -28,7 +28,7 @@ import jsonschema
 from .. import ir
 from ..errors import GrammarBudgetError, SchemaError, UnsupportedFeatureError
 from .conjs import ArrConj, KeyLang, ObjConj
-from .denot import BOOLS, BOTTOM, TOP, Denot, but, conj, disj, exactly_one, neg, only, unannotated, value_denot, values_denot
+from .denot import BOOLS, BOTTOM, TOP, Denot, but, conj, conj_not, disj, exactly_one, neg, only, unannotated, value_denot, values_denot
 from .exprs import FALSE, TRUE, And, Bool, Const, Expr, Not, Or, Ptr, holds, or_
 from .formats import format_expr
 from .numsets import NumConj, NumSet
@@ -207,21 +207,20 @@ class Denoter:
             return d
         exprs = [self.sub(f"{ptr}/oneOf/{i}", scope) for i in range(len(s["oneOf"]))]
         branches = [self.expr(e, track) for e in exprs]
-        negations = [self.negation(f"{ptr}/oneOf/{i}", scope) for i in range(len(exprs))]
-        return conj(d, exactly_one(branches, negations, self.expr))
+        return conj(d, exactly_one(branches, lambda cur, j: self.minus(cur, f"{ptr}/oneOf/{j}", scope), self.expr))
 
     def _not(self, s: dict, ptr: str, scope: tuple, track: bool, d: Denot) -> Denot:
         if "not" not in s:
             return d
-        return conj(d, self.negation(f"{ptr}/not", scope))
+        return self.minus(d, f"{ptr}/not", scope)
 
-    def negation(self, ptr: str, scope: tuple) -> Denot:
-        """The complement of the schema at ``ptr``; ``{"not": X}`` there gives X itself, so a
+    def minus(self, d: Denot, ptr: str, scope: tuple) -> Denot:
+        """``d`` and not the schema at ``ptr``; ``{"not": X}`` there gives ``d`` and X, so a
         double negation never complements a set that is only a lower bound."""
         node = resolve_pointer(self.doc, ptr)
         if isinstance(node, dict) and "not" in node and not set(node) - ANNOTATIONS - {"not"}:
-            return unannotated(self.expr(self.sub(f"{ptr}/not", scope)))  # a negated schema evaluates nothing
-        return neg(self.expr(self.sub(ptr, scope)), self._refuser(ptr))
+            return conj(d, unannotated(self.expr(self.sub(f"{ptr}/not", scope))))  # a negated schema evaluates nothing
+        return conj_not(d, self.expr(self.sub(ptr, scope)), self._refuser(ptr), self.expr)
 
     def _conditional(self, s: dict, ptr: str, scope: tuple, track: bool, d: Denot) -> Denot:
         if "if" not in s:
@@ -230,7 +229,7 @@ class Denoter:
         then = self.expr(self.sub(f"{ptr}/then", scope), track) if "then" in s else TOP
         other = self.expr(self.sub(f"{ptr}/else", scope), track) if "else" in s else TOP
         yes = conj(self.expr(cond, track), then)
-        no = conj(self.negation(f"{ptr}/if", scope), other)
+        no = self.minus(other, f"{ptr}/if", scope)
         return conj(d, disj(yes, no))
 
     def _dependent_schemas(self, s: dict, ptr: str, scope: tuple, track: bool, d: Denot) -> Denot:
@@ -315,7 +314,8 @@ class Denoter:
             except UnsupportedFeatureError as exc:
                 self.refuse("pattern", ptr, str(exc))
             else:
-                approx = ("pattern", f"pattern {s['pattern']!r} at {ptr or '/'}") if _dialect_sensitive(s["pattern"]) else None
+                safe = _dialect_safe(s["pattern"])
+                approx = None if safe == ALL_CHARS else ("pattern", f"pattern {s['pattern']!r} at {ptr or '/'}", safe)
                 out = out & StrSet.of(expr, approx)
         fmt = s.get("format")
         if isinstance(fmt, str):
@@ -325,7 +325,7 @@ class Denoter:
                 self.refuse("format", ptr, str(exc))
                 expr = None
             if expr is not None:
-                out = out & StrSet.of(expr, ("format", f"format '{fmt}' at {ptr or '/'}"))
+                out = out & StrSet.of(expr, ("format", f"format '{fmt}' at {ptr or '/'}", None))
         return out
 
     def array(self, s: dict, ptr: str, scope: tuple) -> tuple[ArrConj, ...]:
@@ -410,13 +410,28 @@ def _lcm(a: Fraction, b: Fraction) -> Fraction:
     return Fraction(a.numerator * b.numerator // gcd(a.numerator, b.numerator), gcd(a.denominator, b.denominator))
 
 
-# Constructs whose meaning differs between ECMA-262 (the specification) and Python's re (what
-# jsonschema runs): enforcing the ECMA meaning is a subset of both, complementing it is not.
-_DIALECT_SENSITIVE = (".", "$", "\\d", "\\D", "\\w", "\\W", "\\s", "\\S", "\\p", "\\P", "\\u", "\\c", "{,", "(?<", "\\k")
+# Where ECMA-262 (the specification's dialect) and Python's re (what jsonschema runs) read a
+# pattern differently. Enforcing the ECMA meaning is a subset of both; its complement is exact in
+# both only on strings of the characters where the two agree (``_dialect_safe``).
+ALL_CHARS = ((0, 0x10FFFF),)
+_UNICODE_CLASSES = ("\\d", "\\D", "\\w", "\\W", "\\s", "\\S", "\\b", "\\B")
+_LINE_SENSITIVE = (".", "$")
+_UNREADABLE = ("{,", "\\p", "\\P", "\\c", "\\u{", "(?<", "\\k")  # a different language, or none in Python
 
 
-def _dialect_sensitive(pattern: str) -> bool:
-    return not pattern.isascii() or any(t in pattern for t in _DIALECT_SENSITIVE)
+def _dialect_safe(pattern: str) -> tuple | None:
+    """The characters on which ECMA and Python agree about ``pattern`` (None: no safe subset)."""
+    if any(t in pattern for t in _UNREADABLE):
+        return None
+    ranges = list(ALL_CHARS)
+    if any(t in pattern for t in _UNICODE_CLASSES):
+        # \d \w are ASCII in ECMA, Unicode in Python; \s differs on \x1c-\x1f, \x85, \ufeff.
+        ranges = [(0, 0x1B), (0x20, 0x7F)]
+    if any(t in pattern for t in _LINE_SENSITIVE):
+        # ECMA's . stops at \n \r \u2028 \u2029, Python's only at \n; Python's $ also matches
+        # before a final \n.
+        ranges = list(ir.subtract_ranges(ranges, [(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)]))
+    return tuple(ranges)
 
 
 def _evaluates(d: Denot) -> bool:

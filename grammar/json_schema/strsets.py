@@ -7,10 +7,13 @@ a complement, a union of constrained sets, a length bound over a complex pattern
 one ``char_dfa`` automaton, exact by construction.
 
 Exactness: a ``format`` (validators check formats with different strictness, some not at all
-without optional libraries) or a ``pattern`` whose meaning differs between ECMA-262 and Python's
-``re`` (``.``, ``$``, ``\\d``...) gives a *lower bound*: enforcing it never accepts an invalid
-string, but its complement could. Such a set records the keyword in ``approx``, and
-complementing it raises UnsupportedFeatureError naming that keyword.
+without optional libraries) gives a *lower bound*: enforcing it never accepts an invalid string,
+but its complement could. Such a set records the keyword in ``approx``, and complementing it
+raises UnsupportedFeatureError naming that keyword. A ``pattern`` whose meaning differs between
+ECMA-262 (the specification) and Python's ``re`` (what jsonschema runs) only on some characters
+(``\\d`` and ``\\w`` on non-ASCII digits and letters, ``.`` and ``$`` around line breaks) carries
+the *safe* characters on which both agree: its complement is taken within strings of safe
+characters, a subset of the complement in both dialects (and itself a lower bound).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ class StrSet:
     hi: int | None = None
     exprs: tuple[ir.Expr, ...] = ()  # character-level languages that must all match
     dfa: char_dfa.CharDFA | None = None  # when set: the whole language (lo/hi/exprs unused)
-    approx: tuple[str, str] | None = None  # (keyword, what): a lower bound, not exact
+    approx: tuple[str, str, tuple | None] | None = None  # (keyword, what, safe ranges): see above
     empty: bool = False
 
     @staticmethod
@@ -41,7 +44,7 @@ class StrSet:
         return StrSet(empty=True)
 
     @staticmethod
-    def of(expr: ir.Expr, approx: tuple[str, str] | None = None) -> "StrSet":
+    def of(expr: ir.Expr, approx: tuple[str, str, tuple | None] | None = None) -> "StrSet":
         return StrSet(exprs=(expr,), approx=approx)
 
     @staticmethod
@@ -66,7 +69,7 @@ class StrSet:
     def __and__(self, other: "StrSet") -> "StrSet":
         if self.empty or other.empty:
             return StrSet.none()
-        approx = self.approx or other.approx
+        approx = _approx(self.approx, other.approx)
         if self.dfa is None and other.dfa is None:
             hi = self.hi if other.hi is None else other.hi if self.hi is None else min(self.hi, other.hi)
             exprs = tuple(dict.fromkeys(self.exprs + other.exprs))
@@ -78,7 +81,7 @@ class StrSet:
             return other
         if other.empty:
             return self
-        approx = self.approx or other.approx
+        approx = _approx(self.approx, other.approx)
         if self.is_all or other.is_all:
             return StrSet(approx=None if (self.is_all and not self.approx) or (other.is_all and not other.approx) else approx)
         if self == other:
@@ -87,14 +90,18 @@ class StrSet:
 
     def complement(self, refuse) -> "StrSet":
         """All strings outside; ``refuse(keyword, why)`` is called for a lower bound."""
-        if self.approx:
+        if self.approx and self.approx[2] is None:
             refuse(self.approx[0], f"{self.approx[1]} under not/oneOf/if: its complement is not exact")
             return StrSet.all()  # relaxed: the negated constraint is ignored
         if self.empty:
             return StrSet.all()
         if self.is_all:
             return StrSet.none()
-        return StrSet(dfa=char_dfa.complement(materialize(self)))
+        dfa = char_dfa.complement(materialize(self))
+        if self.approx:
+            safe = char_dfa.from_ir(ir.star(ir.char_class(self.approx[2])))
+            return StrSet(dfa=char_dfa.intersect(dfa, safe), approx=(self.approx[0], self.approx[1], None))
+        return StrSet(dfa=dfa)
 
     def accepts(self, text: str) -> bool:
         if self.empty:
@@ -120,6 +127,15 @@ class StrSet:
             except UnsupportedFeatureError:
                 pass
         return char_dfa.to_ir(materialize(self))
+
+
+def _approx(a: tuple | None, b: tuple | None) -> tuple | None:
+    """Combined exactness: the safe characters of both (None if either has none)."""
+    if a is None or b is None:
+        return a or b
+    safe = None if a[2] is None or b[2] is None else ir.normalize_ranges(
+        (max(x[0], y[0]), min(x[1], y[1])) for x in a[2] for y in b[2] if max(x[0], y[0]) <= min(x[1], y[1]))
+    return (a[0], a[1], safe)
 
 
 @lru_cache(maxsize=1024)
