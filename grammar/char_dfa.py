@@ -31,7 +31,8 @@ START = ir.ByteClass(((0xFE, 0xFE),))  # zero-width "at the start of the text"
 END = ir.ByteClass(((0xFF, 0xFF),))  # zero-width "at the end of the text"
 LIMIT = ir.MAX_UNICODE + 1
 MAX_NFA_STATES = 400_000
-MAX_DFA_STATES = 60_000
+MAX_DFA_STATES = 10_000  # past this the IR and the automaton get too big to compile quickly
+MINIMIZE_ROUNDS = 200
 _SURROGATE_CUTS = (0xD800, 0xE000)
 
 
@@ -234,43 +235,45 @@ def _refine(dfa: CharDFA, bounds: np.ndarray) -> np.ndarray:
 
 
 def _product(a: CharDFA, b: CharDFA, op: str) -> CharDFA:
+    """The product automaton, explored breadth-first one layer at a time with numpy."""
     bounds = np.union1d(a.bounds, b.bounds)
     ta, tb = _refine(a, bounds), _refine(b, bounds)
     na, nb = a.num_states, b.num_states
     # Dead becomes a real sink (index na / nb) so union and difference see it.
-    ta = np.vstack([np.where(ta < 0, na, ta), np.full((1, ta.shape[1]), na, dtype=np.int32)])
-    tb = np.vstack([np.where(tb < 0, nb, tb), np.full((1, tb.shape[1]), nb, dtype=np.int32)])
+    ta = np.vstack([np.where(ta < 0, na, ta), np.full((1, ta.shape[1]), na, dtype=np.int32)]).astype(np.int64)
+    tb = np.vstack([np.where(tb < 0, nb, tb), np.full((1, tb.shape[1]), nb, dtype=np.int32)]).astype(np.int64)
     acc_a = np.append(a.accepting, False)
     acc_b = np.append(b.accepting, False)
-    ids = {(0, 0): 0}
-    pairs = [(0, 0)]
-    rows = []
-    i = 0
-    while i < len(pairs):
-        p, q = pairs[i]
-        codes = ta[p].astype(np.int64) * (nb + 1) + tb[q]
-        uniq, inv = np.unique(codes, return_inverse=True)
-        targets = np.empty(len(uniq), dtype=np.int32)
-        for k, code in enumerate(uniq.tolist()):
-            pair = divmod(code, nb + 1)
-            if op == "and" and (pair[0] == na or pair[1] == nb):
-                targets[k] = -1
-                continue
-            if op == "diff" and pair[0] == na:
-                targets[k] = -1
-                continue
-            j = ids.get(pair)
-            if j is None:
-                if len(pairs) >= MAX_DFA_STATES:
-                    raise GrammarBudgetError(f"string constraint needs more than {MAX_DFA_STATES} DFA states")
-                j = ids[pair] = len(pairs)
-                pairs.append(pair)
-            targets[k] = j
-        rows.append(targets[inv])
-        i += 1
-    table = np.array(rows, dtype=np.int32).reshape(len(rows), len(bounds) - 1)
-    pa = np.array([p for p, _ in pairs])
-    pb = np.array([q for _, q in pairs])
+    width = nb + 1
+    ids: dict[int, int] = {0: 0}  # pair code p * width + q -> product state
+    codes_of = [0]
+    rows: list[np.ndarray] = []
+    frontier = np.array([0], dtype=np.int64)
+    while len(frontier):
+        p, q = frontier // width, frontier % width
+        nxt = ta[p] * width + tb[q]  # [layer, symbols]
+        dead = np.zeros(nxt.shape, dtype=bool)
+        if op == "and":
+            dead = (ta[p] == na) | (tb[q] == nb)
+        elif op == "diff":
+            dead = ta[p] == na
+        fresh = []
+        for code in np.unique(nxt[~dead]).tolist():
+            if code not in ids:
+                ids[code] = len(codes_of)
+                codes_of.append(code)
+                fresh.append(code)
+        if len(codes_of) > MAX_DFA_STATES:
+            raise GrammarBudgetError(f"string constraint needs more than {MAX_DFA_STATES} DFA states")
+        uniq = np.array(sorted(ids), dtype=np.int64)
+        lut = np.array([ids[c] for c in uniq.tolist()], dtype=np.int32)
+        row = lut[np.minimum(np.searchsorted(uniq, nxt), len(uniq) - 1)]
+        row[dead] = -1  # dead codes are not in ``ids``: whatever they looked up is replaced
+        rows.append(row)
+        frontier = np.array(fresh, dtype=np.int64)
+    table = np.vstack(rows).astype(np.int32)
+    codes = np.array(codes_of, dtype=np.int64)
+    pa, pb = codes // width, codes % width
     if op == "and":
         acc = acc_a[pa] & acc_b[pb]
     elif op == "or":
@@ -305,15 +308,25 @@ def complement(a: CharDFA) -> CharDFA:
 
 
 def _minimize(dfa: CharDFA) -> CharDFA:
-    """Moore's partition refinement; states that cannot reach acceptance become dead."""
+    """Moore's partition refinement; states that cannot reach acceptance become dead. Past
+    ``MINIMIZE_ROUNDS`` rounds (long counters) the refinement stops at the trimmed automaton:
+    an unfinished refinement would merge states that are not equivalent."""
     n, k = dfa.table.shape
     full = np.vstack([np.where(dfa.table < 0, n, dfa.table), np.full((1, k), n, dtype=np.int32)])
     alive = _coreachable(full, np.append(dfa.accepting, False))
     cls = np.where(alive, 1 + np.append(dfa.accepting, False), 0).astype(np.int64)
     count = len(np.unique(cls))
+    rounds = 0
     while True:
-        sig = np.column_stack([cls, cls[full]])
-        _, new = np.unique(sig, axis=0, return_inverse=True)
+        rounds += 1
+        if rounds > MINIMIZE_ROUNDS:
+            cls = np.where(alive, np.arange(n + 1), -1)  # every live state its own class
+            cls[n] = -1
+            _, cls = np.unique(cls, return_inverse=True)
+            break
+        sig = np.ascontiguousarray(np.column_stack([cls, cls[full]]))
+        rows = sig.view(np.dtype((np.void, sig.dtype.itemsize * sig.shape[1]))).reshape(-1)
+        _, new = np.unique(rows, return_inverse=True)  # row-wise unique (axis=0 fails on wide rows)
         new = new.reshape(-1)
         c = int(new.max()) + 1
         cls = new

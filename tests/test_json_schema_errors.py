@@ -82,14 +82,21 @@ def test_unresolvable_and_remote_refs():
         json_schema_to_grammar({"$ref": "#nowhere"})
 
 
-def test_reference_bomb_hits_budget():
-    # Each level doubles the distinct object shapes: the union of conjunctions meets MAX_BRANCHES.
+def test_union_bomb_is_cut_to_a_subset_and_never_complemented():
+    # Each level doubles the distinct object shapes. Past MAX_BRANCHES the union keeps its
+    # simplest members: a subset (never an invalid instance), so its complement is refused.
+    from grammar.compiler import compile_grammar
+    from grammar.matcher import GrammarMatcher
+    from grammar import TokenVocabulary
+
     defs = {"d0": {"type": "object"}}
     for i in range(1, 40):
         defs[f"d{i}"] = {"anyOf": [{"allOf": [{"$ref": f"#/$defs/d{i-1}"}, {"required": [f"a{i}"]}]},
                                    {"allOf": [{"$ref": f"#/$defs/d{i-1}"}, {"required": [f"b{i}"]}]}]}
-    with pytest.raises(GrammarBudgetError):
-        json_schema_to_grammar({"$defs": defs, "allOf": [{"$ref": "#/$defs/d39"}]})
+    compiled = compile_grammar(json_schema_to_grammar({"$defs": defs, "$ref": "#/$defs/d39"}), TokenVocabulary.byte_level())
+    assert not GrammarMatcher(compiled).accept_bytes(b"{}")
+    with pytest.raises(UnsupportedFeatureError, match="'not'"):
+        json_schema_to_grammar({"$defs": defs, "not": {"$ref": "#/$defs/d39"}})
 
 
 def test_repeated_numeric_ranges_stay_small():

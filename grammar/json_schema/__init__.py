@@ -41,7 +41,7 @@ import sys
 from typing import Iterable
 
 from .. import ir
-from ..errors import SchemaError
+from ..errors import GrammarBudgetError, SchemaError
 from .layout import Layout
 from .lower import Lowerer
 from .refs import Dynamic, load_schema, normalize_refs
@@ -81,6 +81,8 @@ def json_schema_to_grammar(
     finally:
         sys.setrecursionlimit(limit)
     if isinstance(body, ir.Nothing):
+        if lowerer.approximated:
+            raise GrammarBudgetError("schema expands to too many alternatives: the subset kept within budget is empty")
         raise SchemaError("schema is unsatisfiable: no JSON value is valid against it")
     # No whitespace after the document: nothing ever needs it, and a model that pads before EOS
     # only wastes its budget (leading whitespace stays allowed, as some models start with a newline).

@@ -8,23 +8,31 @@ of a union of conjunctions is the intersection of their one-atom negations (De M
 
 So ``allOf``, ``anyOf``, ``oneOf`` ("this branch and none of the others"), ``not`` and
 ``if``/``then``/``else`` are all exact here; what cannot be complemented (a negated
-``uniqueItems``, a negated inexact format) is refused through ``refuse``. Unions of
-conjunctions can grow multiplicatively: more than ``MAX_BRANCHES`` raises GrammarBudgetError.
+``uniqueItems``, a negated inexact format) is refused through ``refuse``.
+
+Unions of conjunctions can grow multiplicatively (a ``oneOf`` of ten object shapes that share
+optional keys and no required discriminator). Past ``MAX_BRANCHES`` members a union keeps the
+``KEEP_WHEN_CUT`` simplest ones (fewest constraints: in a tagged union, those that pin the tag)
+and the denotation records it in ``approx``: a subset, so enforcing it never accepts an invalid
+value, but its complement would, so complementing it is refused.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Callable
 
-from ..errors import GrammarBudgetError, SchemaError
+from ..errors import GrammarBudgetError, GrammarError, SchemaError
 from .conjs import ArrConj, KeyLang, ObjConj, arr_and, arr_implies, arr_negations, obj_and, obj_implies, obj_negations, prune
 from .exprs import FALSE, const
 from .numsets import NumConj, NumSet
 from .strsets import StrSet
 
-MAX_BRANCHES = 512
+MAX_BRANCHES = 256
+KEEP_WHEN_CUT = 32
 BOOLS = frozenset([True, False])
 Refuse = Callable[[str, str], None]  # (keyword, why) with the pointer bound by the caller
 
@@ -37,6 +45,7 @@ class Denot:
     str: StrSet = field(default_factory=StrSet.none)
     arr: tuple[ArrConj, ...] = ()
     obj: tuple[ObjConj, ...] = ()
+    approx: str | None = None  # why this is a subset of the schema's values, not all of them
 
     def is_empty(self) -> bool:
         """Provably empty, cheaply (a string language is not determinized here)."""
@@ -75,50 +84,101 @@ def but(**parts: Any) -> Denot:
     return replace(TOP, **parts)
 
 
-def _check(n: int) -> None:
-    if n > MAX_BRANCHES:
-        raise GrammarBudgetError(f"schema expands to more than {MAX_BRANCHES} alternatives (combinatorial allOf/anyOf/oneOf/not?)")
+def _size(c: ArrConj | ObjConj) -> int:
+    if isinstance(c, ObjConj):
+        return len(c.props) + len(c.required) + len(c.rules) + len(c.exists)
+    return len(c.prefix) + len(c.contains)
+
+
+# The denoter of the current thread sets a deadline here; the long loops below check it.
+CLOCK = threading.local()
+
+
+def _tick() -> None:
+    deadline = getattr(CLOCK, "deadline", None)
+    if deadline is not None and time.monotonic() > deadline:
+        raise GrammarBudgetError("JSON schema lowering ran past its time budget (too many alternatives)")
+
+
+class _Cut:
+    """Records whether a union was cut down to its simplest members; ``viable`` (when given)
+    drops members with a required key whose value schema is provably empty."""
+
+    def __init__(self, viable: Callable[[Any], bool] | None = None) -> None:
+        self.why: str | None = None
+        self.viable = viable
+
+    def fit(self, items: list, implies) -> list:
+        _tick()
+        items = prune(items, implies) if len(items) > 1 else items
+        if len(items) <= MAX_BRANCHES:
+            return items
+        if self.viable is not None:
+            items = [c for c in items if self.viable(c)]
+            if len(items) <= MAX_BRANCHES:
+                return items
+        self.why = f"a union of more than {MAX_BRANCHES} alternatives was cut to its {KEEP_WHEN_CUT} simplest"
+        return sorted(items, key=_size)[:KEEP_WHEN_CUT]
+
+    def fit_num(self, s: NumSet) -> NumSet:
+        if len(s.conjs) <= MAX_BRANCHES:
+            return s
+        self.why = f"a union of more than {MAX_BRANCHES} number ranges was cut"
+        return NumSet(s.conjs[:KEEP_WHEN_CUT])
+
+    def approx(self, *parts: Denot) -> str | None:
+        return self.why or next((p.approx for p in parts if p.approx), None)
 
 
 def conj(a: Denot, b: Denot) -> Denot:
-    arr = _cross(a.arr, b.arr, arr_and, arr_implies)
-    obj = _cross(a.obj, b.obj, obj_and, obj_implies)
-    num = a.num & b.num
-    _check(len(num.conjs))
-    return Denot(a.null and b.null, a.bools & b.bools, num, a.str & b.str, arr, obj)
+    cut = _Cut()
+    arr = _cross(a.arr, b.arr, arr_and, arr_implies, cut)
+    obj = _cross(a.obj, b.obj, obj_and, obj_implies, cut)
+    num = cut.fit_num(a.num & b.num)
+    return Denot(a.null and b.null, a.bools & b.bools, num, a.str & b.str, arr, obj, cut.approx(a, b))
 
 
-def _cross(xs: tuple, ys: tuple, meet, implies) -> tuple:
+def _cross(xs: tuple, ys: tuple, meet, implies, cut: _Cut) -> tuple:
     out: dict = {}
     for x in xs:
         for y in ys:
             z = x if x == y else meet(x, y)
             if z is not None:
                 out[z] = None
+        _tick()
         if len(out) > MAX_BRANCHES:
-            out = dict.fromkeys(prune(list(out), implies))
-            _check(len(out))
-    return tuple(prune(list(out), implies)) if len(out) > 1 else tuple(out)
+            out = dict.fromkeys(cut.fit(list(out), implies))
+    return tuple(cut.fit(list(out), implies))
 
 
 def disj(a: Denot, b: Denot) -> Denot:
-    num = a.num | b.num
-    arr = tuple(prune(list(dict.fromkeys(a.arr + b.arr)), arr_implies))
-    obj = tuple(prune(list(dict.fromkeys(a.obj + b.obj)), obj_implies))
-    _check(max(len(num.conjs), len(arr), len(obj)))
-    return Denot(a.null or b.null, a.bools | b.bools, num, a.str | b.str, arr, obj)
+    cut = _Cut()
+    num = cut.fit_num(a.num | b.num)
+    arr = tuple(cut.fit(list(dict.fromkeys(a.arr + b.arr)), arr_implies))
+    obj = tuple(cut.fit(list(dict.fromkeys(a.obj + b.obj)), obj_implies))
+    return Denot(a.null or b.null, a.bools | b.bools, num, a.str | b.str, arr, obj, cut.approx(a, b))
+
+
+def _exact(a: Denot, refuse: Refuse) -> bool:
+    """Whether ``a`` may be complemented (an approximation may not)."""
+    if a.approx is None:
+        return True
+    refuse("@complement", f"its complement is needed but {a.approx}")
+    return False
 
 
 def neg(a: Denot, refuse: Refuse) -> Denot:
+    if not _exact(a, refuse):
+        return TOP  # relaxed: the complement is not enforced
+    cut = _Cut()
     arr: tuple[ArrConj, ...] = (ArrConj(),)
     for c in a.arr:
-        arr = _cross(arr, tuple(arr_negations(c, refuse)), arr_and, arr_implies)
+        arr = _cross(arr, tuple(arr_negations(c, refuse)), arr_and, arr_implies, cut)
     obj: tuple[ObjConj, ...] = (ObjConj(),)
     for c in a.obj:
-        obj = _cross(obj, tuple(obj_negations(c, refuse)), obj_and, obj_implies)
-    num = a.num.complement()
-    _check(len(num.conjs))
-    return Denot(not a.null, BOOLS - a.bools, num, a.str.complement(refuse), arr, obj)
+        obj = _cross(obj, tuple(obj_negations(c, refuse)), obj_and, obj_implies, cut)
+    num = cut.fit_num(a.num.complement())
+    return Denot(not a.null, BOOLS - a.bools, num, a.str.complement(refuse), arr, obj, cut.approx())
 
 
 def unannotated(d: Denot) -> Denot:
@@ -133,15 +193,17 @@ def conj_not(a: Denot, b: Denot, refuse: Refuse, sub: "Sub") -> Denot:
     disjoint from a conjunction of ``b`` keeps it whole, and the others distribute over the
     one-atom negations (most of which contradict ``a`` and vanish). Much smaller than
     ``conj(a, neg(b))`` when ``b`` is a union of large conjunctions."""
-    arr = _minus(a.arr, b.arr, lambda x, y: arr_and(x, y) is None, lambda c: arr_negations(c, refuse), arr_and, arr_implies)
-    obj = _minus(a.obj, b.obj, lambda x, y: _objs_disjoint(x, y, sub, 2), lambda c: obj_negations(c, refuse), obj_and, obj_implies)
-    num = a.num & b.num.complement() if not a.num.is_empty() else a.num
-    _check(len(num.conjs))
+    if not _exact(b, refuse):
+        return a
+    cut = _Cut(lambda c: _viable(c, sub))
+    arr = _minus(a.arr, b.arr, lambda x, y: arr_and(x, y) is None, lambda c: arr_negations(c, refuse), arr_and, arr_implies, cut)
+    obj = _minus(a.obj, b.obj, lambda x, y: _objs_disjoint(x, y, sub, 2), lambda c: obj_negations(c, refuse), obj_and, obj_implies, cut)
+    num = cut.fit_num(a.num & b.num.complement()) if not a.num.is_empty() else a.num
     strs = a.str & b.str.complement(refuse) if not a.str.empty and not b.str.empty else a.str
-    return Denot(a.null and not b.null, a.bools - b.bools, num, strs, arr, obj)
+    return Denot(a.null and not b.null, a.bools - b.bools, num, strs, arr, obj, cut.approx(a))
 
 
-def _minus(xs: tuple, ys: tuple, apart, negations, meet, implies) -> tuple:
+def _minus(xs: tuple, ys: tuple, apart, negations, meet, implies, cut: _Cut) -> tuple:
     out: list = []
     for x in xs:
         parts = [x]
@@ -156,15 +218,24 @@ def _minus(xs: tuple, ys: tuple, apart, negations, meet, implies) -> tuple:
                     atoms = negations(c)
                 for atom in atoms:
                     z = meet(y, atom)
-                    if z is not None:
+                    if z is not None and (cut.viable is None or cut.viable(z)):
                         nxt[z] = None
-                _check(len(nxt))
-            parts = prune(list(nxt), implies)
+            parts = cut.fit(list(nxt), implies)
             if not parts:
                 break
         out.extend(parts)
-        _check(len(out))
-    return tuple(prune(list(dict.fromkeys(out)), implies))
+    return tuple(cut.fit(list(dict.fromkeys(out)), implies))
+
+
+def _viable(c: ArrConj | ObjConj, sub: "Sub") -> bool:
+    """False when a required key's (or a prefix item's, up to minItems) schema is provably empty
+    (a heuristic: a value schema that cannot be denoted counts as satisfiable)."""
+    try:
+        if isinstance(c, ObjConj):
+            return not any(sub(c.prop(k)).is_empty() for k in c.required if c.prop(k) != FALSE)
+        return not any(sub(c.item(i)).is_empty() for i in range(min(c.lo, len(c.prefix) + 1)))
+    except GrammarError:
+        return True
 
 
 def exactly_one(branches: list[Denot], minus: Callable[[Denot, int], Denot], sub: "Sub") -> Denot:

@@ -19,6 +19,7 @@ annotations of failing or negated schemas are dropped, as the specification says
 
 from __future__ import annotations
 
+import time
 from fractions import Fraction
 from math import gcd
 from typing import Any, Callable
@@ -28,7 +29,7 @@ import jsonschema
 from .. import ir
 from ..errors import GrammarBudgetError, SchemaError, UnsupportedFeatureError
 from .conjs import ArrConj, KeyLang, ObjConj
-from .denot import BOOLS, BOTTOM, TOP, Denot, but, conj, conj_not, disj, exactly_one, neg, only, unannotated, value_denot, values_denot
+from .denot import BOOLS, BOTTOM, CLOCK, TOP, Denot, but, conj, conj_not, disj, exactly_one, neg, only, unannotated, value_denot, values_denot
 from .exprs import FALSE, TRUE, And, Bool, Const, Expr, Not, Or, Ptr, holds, or_
 from .formats import format_expr
 from .numsets import NumConj, NumSet
@@ -37,6 +38,7 @@ from .scalars import bounds
 from .strsets import StrSet
 
 MAX_WORK = 50_000  # schema objects denoted: bounds reference bombs
+MAX_SECONDS = 10.0  # denoting and lowering one schema (a GrammarBudgetError past it)
 MAX_TRACKED_BRANCHES = 6  # anyOf branches expanded into subsets under unevaluated*
 TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 ANNOTATIONS = frozenset(
@@ -65,6 +67,8 @@ class Denoter:
         self._memo: dict[tuple[Expr, bool], Denot] = {}
         self._active: set[tuple[Expr, bool]] = set()
         self._work = 0
+        self.deadline = time.monotonic() + MAX_SECONDS
+        CLOCK.deadline = self.deadline
 
     # ------------------------------------------------------------------ expressions
     def sub(self, ptr: str, scope: tuple = ()) -> Expr:
@@ -127,6 +131,10 @@ class Denoter:
         assert isinstance(e, Or)
         return self.union([self.expr(x, track) for x in sorted(e.items, key=repr)], track, _where(e))
 
+    def check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise GrammarBudgetError(f"JSON schema lowering ran past {MAX_SECONDS:g} s (too many alternatives or automaton products)")
+
     def holds(self, e: Expr, value: Any) -> bool:
         """Exact membership through jsonschema at the leaves (False when it cannot decide).
         With dynamic references jsonschema cannot see our scopes: the denotation decides."""
@@ -158,13 +166,17 @@ class Denoter:
         return out
 
     def _refuser(self, ptr: str) -> Callable[[str, str], None]:
-        return lambda keyword, why: self.refuse(keyword, ptr, why)
+        """A refusal callback for complements taken at ``ptr`` (``.../not``, ``.../oneOf/2``,
+        ``.../if``); "@complement" names the keyword that asked for the complement."""
+        asker = next((seg for seg in reversed(ptr.split("/")) if seg in ("not", "oneOf", "if")), "not")
+        return lambda keyword, why: self.refuse(asker if keyword == "@complement" else keyword, ptr, why)
 
     # ------------------------------------------------------------------ schema objects
     def node(self, s: Any, ptr: str, scope: tuple, track: bool) -> Denot:
         self._work += 1
         if self._work > MAX_WORK:
             raise GrammarBudgetError(f"JSON schema expands to more than {MAX_WORK} subschemas (reference bomb or combinatorial allOf/anyOf?)")
+        self.check_time()
         if s is True:
             return TOP
         if s is False:

@@ -46,6 +46,7 @@ class Lowerer:
         self._fresh = 0
         self._nesting = 0
         self.has_unique = False
+        self.approximated = False  # some denotation was cut to a subset (see denot.KEEP_WHEN_CUT)
 
     # ---------------------------------------------------------------- helpers
     def refuse(self, keyword: str, pointer: str, why: str = "") -> None:
@@ -86,11 +87,14 @@ class Lowerer:
         if hit is not None:
             return hit
         self._memo[key] = _BUILDING
+        self.den.check_time()
         self._nesting += 1
         try:
             if self._nesting > MAX_NESTING:
                 raise GrammarBudgetError(f"schema nesting deeper than {MAX_NESTING} at {pointer_of(e) or '/'}")
-            body = self.lower(self.den.expr(e), pointer_of(e), depth)
+            d = self.den.expr(e)
+            self.approximated = self.approximated or d.approx is not None
+            body = self.lower(d, pointer_of(e), depth)
         finally:
             self._nesting -= 1
             if self._memo.get(key) is _BUILDING:
