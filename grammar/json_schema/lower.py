@@ -18,7 +18,7 @@ from . import numbers
 from .arrays import array_expr
 from .denot import TOP, Denot
 from .denote import Denoter
-from .exprs import TRUE, Expr, pointer_of
+from .exprs import TRUE, Expr, Ptr, pointer_of
 from .layout import MAX_INDENT_DEPTH, Layout
 from .numsets import num_ir
 from .objects import object_expr
@@ -47,6 +47,9 @@ class Lowerer:
         self._nesting = 0
         self.has_unique = False
         self.approximated = False  # some denotation was cut to a subset (see denot.KEEP_WHEN_CUT)
+        self._strings: dict[StrSet, ir.Expr] = {}
+        self._ref_targets: set[str] | None = None
+        self._lowered: dict[tuple[Denot, int], ir.Expr] = {}
 
     # ---------------------------------------------------------------- helpers
     def refuse(self, keyword: str, pointer: str, why: str = "") -> None:
@@ -103,16 +106,33 @@ class Lowerer:
         if name is not None:
             self.rules[name] = body
             body = ir.Ref(name)
-        elif not isinstance(body, (ir.Nothing, ir.Ref)) and not _small(body):
-            # Shared by reference: a value met at several places (indent levels, repeated
-            # properties) is built once by the automaton instead of copied into each.
+        elif self._shared(e) and not isinstance(body, (ir.Nothing, ir.Ref)) and not _small(body):
+            # A $ref target is met at several places, and indent mode builds values per depth (a
+            # value nested 32 levels deep would be copied into its parents exponentially often):
+            # as a rule it is built once and called.
             body = self.add_rule("v", body)
         self._memo[key] = body
         return body
 
+    def _shared(self, e: Expr) -> bool:
+        if self.layout.depth_sensitive:
+            return True
+        if self._ref_targets is None:
+            self._ref_targets = _ref_targets(self.doc)
+        return isinstance(e, Ptr) and e.ptr in self._ref_targets
+
     def lower(self, d: Denot, ptr: str, depth: int) -> ir.Expr:
+        """IR of a denotation, memoized by value: schemas reached through different pointers
+        (every ``{"$ref": ...}`` to one definition) share one lowering and its rules."""
         if d == TOP:
             return self.any_value(depth)
+        key = (d, depth if self.layout.depth_sensitive else 0)
+        hit = self._lowered.get(key)
+        if hit is None:
+            hit = self._lowered[key] = self._lower(d, ptr, depth)
+        return hit
+
+    def _lower(self, d: Denot, ptr: str, depth: int) -> ir.Expr:
         alts: list[ir.Expr] = []
         if d.null:
             alts.append(ir.literal("null"))
@@ -128,6 +148,12 @@ class Lowerer:
     def string(self, s: StrSet, ptr: str) -> ir.Expr:
         if s.is_all:
             return any_string()
+        hit = self._strings.get(s)
+        if hit is None:
+            hit = self._strings[s] = self._string(s, ptr)
+        return hit
+
+    def _string(self, s: StrSet, ptr: str) -> ir.Expr:
         try:
             return quoted(s.to_ir())
         except GrammarBudgetError as exc:
@@ -153,6 +179,22 @@ class Lowerer:
         scalars_ = [ir.literal("null"), ir.literal("true"), ir.literal("false"), numbers.JSON_NUMBER, any_string()]
         self.rules[name] = ir.choice(*scalars_, layout.empty("[]"), arr, layout.empty("{}"), obj)
         return ir.Ref(name)
+
+
+def _ref_targets(doc: Any) -> set[str]:
+    """Pointers that some $ref / $dynamicRef names (normalized to "#<pointer>")."""
+    out: set[str] = set()
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key in ("$ref", "$dynamicRef"):
+                if isinstance(node.get(key), str) and node[key].startswith("#"):
+                    out.add(node[key][1:])
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return out
 
 
 def _small(expr: ir.Expr, budget: int = 24) -> bool:

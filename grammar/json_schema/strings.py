@@ -89,6 +89,7 @@ def encode_value(expr: ir.Expr) -> ir.Expr:
     raise UnsupportedFeatureError(f"cannot JSON-encode a {type(expr).__name__} inside a string constraint")
 
 
+@lru_cache(maxsize=4096)
 def quoted(value_expr: ir.Expr) -> ir.Expr:
     """A JSON string whose decoded value is in the character-level language ``value_expr``."""
     return ir.seq(QUOTE, encode_value(value_expr), QUOTE)
