@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grammar import GrammarBudgetError, SchemaError, UnsupportedFeatureError
+from grammar import SchemaError, UnsupportedFeatureError
 from grammar.json_schema import json_schema_to_grammar
 
 

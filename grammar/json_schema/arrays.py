@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from .. import ir
 from ..errors import GrammarBudgetError
 from .conjs import ArrConj
-from .exprs import TRUE, Expr, and_, not_
+from .exprs import Expr, and_, not_
 from .unique import finite_values
 
 if TYPE_CHECKING:

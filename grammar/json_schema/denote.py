@@ -20,39 +20,23 @@ annotations of failing or negated schemas are dropped, as the specification says
 from __future__ import annotations
 
 import time
-from fractions import Fraction
-from math import gcd
 from typing import Any, Callable
 
-import jsonschema
-
-from .. import ir
-from ..errors import GrammarBudgetError, SchemaError, UnsupportedFeatureError
+from ..errors import GrammarBudgetError, SchemaError
 from .conjs import ArrConj, KeyLang, ObjConj
-from .denot import BOOLS, BOTTOM, CLOCK, TOP, Denot, but, conj, conj_not, disj, exactly_one, neg, only, unannotated, value_denot, values_denot
+from .denot import BOTTOM, CLOCK, TOP, Denot, but, conj, conj_not, disj, exactly_one, neg, only, unannotated, value_denot
 from .exprs import FALSE, TRUE, And, Bool, Const, Expr, Not, Or, Ptr, holds, or_
-from .formats import format_expr
-from .numsets import NumConj, NumSet
+from .keywords import local
 from .refs import Dynamic, pointer_escape, resolve_pointer
-from .scalars import bounds
-from .strsets import StrSet
 
 MAX_WORK = 50_000  # schema objects denoted: bounds reference bombs
 MAX_SECONDS = 10.0  # denoting and lowering one schema (a GrammarBudgetError past it)
 MAX_TRACKED_BRANCHES = 6  # anyOf branches expanded into subsets under unevaluated*
-TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 ANNOTATIONS = frozenset(
     "title description default examples $comment $schema $id $anchor $dynamicAnchor deprecated readOnly writeOnly "
     "contentMediaType contentEncoding contentSchema $vocabulary $defs definitions".split()
 )
 RefuseAt = Callable[[str, str, str], None]  # (keyword, pointer, why)
-
-
-def type_set(schema: dict) -> set[str] | None:
-    t = schema.get("type")
-    if t is None:
-        return None
-    return {t} if isinstance(t, str) else set(t)
 
 
 class Denoter:
@@ -184,7 +168,7 @@ class Denoter:
         if not isinstance(s, dict):
             raise SchemaError(f"schema at {ptr or '/'} must be an object or a boolean")
         track = track or "unevaluatedProperties" in s or "unevaluatedItems" in s
-        d = self.local(s, ptr, scope)
+        d = local(self, s, ptr, scope)
         for step in (self._refs, self._all_of, self._any_of, self._one_of, self._not, self._conditional, self._dependent_schemas):
             if d.is_empty():
                 return d
@@ -279,172 +263,6 @@ class Denoter:
                     arrs.append(replace(c, ev_all=True))
             d = replace(d, arr=tuple(dict.fromkeys(arrs)))
         return d
-
-    # ------------------------------------------------------------------ local keywords
-    def local(self, s: dict, ptr: str, scope: tuple) -> Denot:
-        types = type_set(s)
-        if types is None:
-            types = set(TYPES)
-        for t in types:
-            if t not in TYPES:
-                raise SchemaError(f"unknown type {t!r} at {ptr or '/'}")
-        num = NumSet.none()
-        if "number" in types or "integer" in types:
-            num = NumSet.of(self.number(s, ptr, "number" not in types))
-        d = Denot(
-            "null" in types,
-            BOOLS if "boolean" in types else frozenset(),
-            num,
-            self.string(s, ptr) if "string" in types else StrSet.none(),
-            self.array(s, ptr, scope) if "array" in types else (),
-            self.objects(s, ptr, scope) if "object" in types else (),
-        )
-        if "const" in s:
-            d = conj(d, value_denot(s["const"]))
-        if "enum" in s:
-            d = conj(d, values_denot(list(s["enum"])))
-        return d
-
-    def number(self, s: dict, ptr: str, integer: bool) -> NumConj:
-        lo, lo_x, hi, hi_x = bounds(s, ptr)
-        mult = Fraction(1) if integer else None
-        if "multipleOf" in s:
-            m = s["multipleOf"]
-            if isinstance(m, bool) or not isinstance(m, (int, float)) or m <= 0:
-                raise SchemaError(f"'multipleOf' at {ptr or '/'} must be a positive number")
-            f = Fraction(str(m)) if isinstance(m, float) else Fraction(m)
-            mult = f if mult is None else _lcm(mult, f)
-        return NumConj(lo, lo_x, hi, hi_x, mult)
-
-    def string(self, s: dict, ptr: str) -> StrSet:
-        out = StrSet(_count(s, "minLength", ptr, 0), _count(s, "maxLength", ptr, None))
-        if "pattern" in s:
-            from ..regex import regex_to_ir
-
-            try:
-                expr = regex_to_ir(s["pattern"], flavor="ecma", mode="search")
-            except UnsupportedFeatureError as exc:
-                self.refuse("pattern", ptr, str(exc))
-            else:
-                safe = _dialect_safe(s["pattern"])
-                approx = None if safe == ALL_CHARS else ("pattern", f"pattern {s['pattern']!r} at {ptr or '/'}", safe)
-                out = out & StrSet.of(expr, approx)
-        fmt = s.get("format")
-        if isinstance(fmt, str):
-            try:
-                expr = format_expr(fmt, ptr)
-            except UnsupportedFeatureError as exc:
-                self.refuse("format", ptr, str(exc))
-                expr = None
-            if expr is not None:
-                out = out & StrSet.of(expr, ("format", f"format '{fmt}' at {ptr or '/'}", None))
-        return out
-
-    def array(self, s: dict, ptr: str, scope: tuple) -> tuple[ArrConj, ...]:
-        items = s.get("items")
-        if self.legacy_items or isinstance(items, list):
-            if isinstance(items, list):
-                prefix = tuple(self.sub(f"{ptr}/items/{i}", scope) for i in range(len(items)))
-                rest = self.sub(f"{ptr}/additionalItems", scope) if "additionalItems" in s else TRUE
-                ev_all = "additionalItems" in s
-            else:
-                prefix, rest, ev_all = (), self.sub(f"{ptr}/items", scope) if "items" in s else TRUE, "items" in s
-        else:
-            prefix = tuple(self.sub(f"{ptr}/prefixItems/{i}", scope) for i in range(len(s.get("prefixItems", ()))))
-            rest = self.sub(f"{ptr}/items", scope) if "items" in s else TRUE
-            ev_all = "items" in s
-        contains: tuple = ()
-        ev_contains: tuple = ()
-        if "contains" in s:
-            c = self.sub(f"{ptr}/contains", scope)
-            mn = _count(s, "minContains", ptr, 1)
-            mx = _count(s, "maxContains", ptr, None)
-            contains = ((c, mn, mx, 0),)
-            ev_contains = (c,)
-        from .conjs import arr_normalize
-
-        conj_ = ArrConj(prefix, rest, _count(s, "minItems", ptr, 0), _count(s, "maxItems", ptr, None), contains,
-                        s.get("uniqueItems") is True, len(prefix), ev_all, ev_contains)
-        out = arr_normalize(conj_)
-        return () if out is None else (out,)
-
-    def objects(self, s: dict, ptr: str, scope: tuple) -> tuple[ObjConj, ...]:
-        from ..regex import regex_to_ir
-
-        props = tuple((name, self.sub(f"{ptr}/properties/{pointer_escape(name)}", scope)) for name in s.get("properties", {}))
-        rules: list[tuple[KeyLang, Expr]] = []
-        pats: list[ir.Expr] = []
-        for p in s.get("patternProperties", {}):
-            try:
-                pir = regex_to_ir(p, flavor="ecma", mode="search")
-            except UnsupportedFeatureError as exc:
-                self.refuse("patternProperties", ptr, str(exc))
-                continue
-            pats.append(pir)
-            rules.append((KeyLang(within=StrSet.of(pir)), self.sub(f"{ptr}/patternProperties/{pointer_escape(p)}", scope)))
-        if "additionalProperties" in s:
-            names = frozenset(s.get("properties", {}))
-            rules.append((KeyLang(without=names, unless=tuple(pats)), self.sub(f"{ptr}/additionalProperties", scope)))
-        names_set = None
-        if "propertyNames" in s:
-            names_set = self.expr(self.sub(f"{ptr}/propertyNames", scope)).str
-        base = ObjConj(
-            props, tuple(dict.fromkeys(s.get("required", ()))), tuple(rules), names_set,
-            _count(s, "minProperties", ptr, 0), _count(s, "maxProperties", ptr, None), (),
-            "additionalProperties" in s or "patternProperties" in s,
-            frozenset(s.get("properties", {})), tuple(pats), "additionalProperties" in s,
-        )
-        from .conjs import obj_and, obj_normalize
-
-        out = [c for c in (obj_normalize(base),) if c is not None]
-        deps = dict(s.get("dependentRequired", {}))
-        deps.update({k: v for k, v in s.get("dependencies", {}).items() if isinstance(v, list)})
-        for name, needed in deps.items():
-            absent = ObjConj(props=((name, FALSE),))
-            present = ObjConj(required=tuple(dict.fromkeys([name, *needed])))
-            out = [z for c in out for z in (obj_and(c, absent), obj_and(c, present)) if z is not None]
-            if len(out) > 512:
-                raise GrammarBudgetError(f"dependentRequired at {ptr or '/'} expands to more than 512 alternatives")
-        return tuple(dict.fromkeys(out))
-
-
-def _count(s: dict, key: str, ptr: str, default):
-    """A non-negative integer keyword (``2.0`` is 2, as the specification allows)."""
-    if key not in s:
-        return default
-    v = s[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
-        raise SchemaError(f"'{key}' at {ptr or '/'} must be a non-negative integer")
-    return int(v)
-
-
-def _lcm(a: Fraction, b: Fraction) -> Fraction:
-    return Fraction(a.numerator * b.numerator // gcd(a.numerator, b.numerator), gcd(a.denominator, b.denominator))
-
-
-# Where ECMA-262 (the specification's dialect) and Python's re (what jsonschema runs) read a
-# pattern differently. Enforcing the ECMA meaning is a subset of both; its complement is exact in
-# both only on strings of the characters where the two agree (``_dialect_safe``).
-ALL_CHARS = ((0, 0x10FFFF),)
-_UNICODE_CLASSES = ("\\d", "\\D", "\\w", "\\W", "\\s", "\\S", "\\b", "\\B")
-_LINE_SENSITIVE = (".", "$")
-_UNREADABLE = ("{,", "\\p", "\\P", "\\c", "\\u{", "(?<", "\\k")  # a different language, or none in Python
-
-
-def _dialect_safe(pattern: str) -> tuple | None:
-    """The characters on which ECMA and Python agree about ``pattern`` (None: no safe subset)."""
-    if any(t in pattern for t in _UNREADABLE):
-        return None
-    ranges = list(ALL_CHARS)
-    if any(t in pattern for t in _UNICODE_CLASSES):
-        # \d \w are ASCII in ECMA, Unicode in Python; \s differs on \x1c-\x1f, \x85, \ufeff.
-        ranges = [(0, 0x1B), (0x20, 0x7F)]
-    if any(t in pattern for t in _LINE_SENSITIVE):
-        # ECMA's . stops at \n \r \u2028 \u2029, Python's only at \n; Python's $ also matches
-        # before a final \n.
-        ranges = list(ir.subtract_ranges(ranges, [(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)]))
-    return tuple(ranges)
-
 
 def _evaluates(d: Denot) -> bool:
     return any(c.ev_prefix or c.ev_all or c.ev_contains for c in d.arr) or any(c.ev_names or c.ev_pats or c.ev_all for c in d.obj)

@@ -10,6 +10,7 @@ through ``$ref``) becomes a grammar rule, so recursive schemas are rule cycles.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Iterable
 
 from .. import ir
@@ -20,7 +21,7 @@ from .denot import TOP, Denot
 from .denote import Denoter
 from .exprs import TRUE, Expr, Ptr, pointer_of
 from .layout import MAX_INDENT_DEPTH, Layout
-from .numsets import num_ir
+from .numsets import NumSet, num_ir
 from .objects import object_expr
 from .strings import any_string, encode_value, quoted
 from .strsets import StrSet, length_keyword
@@ -142,8 +143,15 @@ class Lowerer:
         if not d.str.empty:
             alts.append(self.string(d.str, ptr))
         if not d.num.is_empty():
-            alts.append(num_ir(d.num, ptr))
+            alts.append(self.numbers(d.num, ptr))
         return ir.choice(*alts)
+
+    def numbers(self, s: NumSet, ptr: str) -> ir.Expr:
+        try:
+            return num_ir(s, ptr)
+        except UnsupportedFeatureError as exc:
+            self.refuse("multipleOf", ptr, str(exc))  # relaxed: the same numbers without steps
+            return num_ir(NumSet(tuple(replace(c, mult=None, nonmults=frozenset()) for c in s.conjs)), ptr)
 
     def string(self, s: StrSet, ptr: str) -> ir.Expr:
         if s.is_all:

@@ -15,7 +15,7 @@ constrained numbers are written without exponents (a restriction of the output l
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from fractions import Fraction
 from math import gcd
 
@@ -268,7 +268,7 @@ def _residue_dfa(mults: list[Fraction], nonmults: list[Fraction], pointer: str) 
     for k in m_mods + n_mods:
         L = L * k // gcd(L, k)
     if L > MAX_MODULUS:
-        raise UnsupportedFeatureError(f"keyword 'multipleOf' at {pointer or '/'} is not enforced exactly (residues modulo {L} are too many)")
+        raise UnsupportedFeatureError(f"residues modulo {L} are too many")
 
     def ok(r: int, f: int) -> bool:
         k = r * 10 ** (D - f) % L

@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING
 from .. import ir
 from ..errors import GrammarBudgetError
 from .conjs import KeyLang, ObjConj
-from .exprs import FALSE, TRUE, Expr, and_
+from .exprs import FALSE, Expr, and_
 from .strings import not_in, quoted, string_literal
-from .strsets import StrSet
 
 if TYPE_CHECKING:
     from .lower import Lowerer

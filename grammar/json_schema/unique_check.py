@@ -1,15 +1,9 @@
 """``uniqueItems`` in the matcher: a JSON scanner that refuses an item equal to an earlier one.
 
 Uniqueness of items from an infinite domain is not regular, so the grammar accepts duplicates and
-this :class:`~grammar.text_check.TextCheck` rejects them. Two parts:
-
-- *Where*: a structure graph built at compile time from the denotations: one node per value
-  schema that can lead to a unique array, with its children by key (named keys, key languages)
-  and by index (prefix positions, the rest, ``contains``). While scanning, each open container
-  holds the set of nodes that apply to it; an array is unique when one of them says so. Taking
-  every branch of a union (and every ``contains`` schema) over-approximates where uniqueness
-  applies: a restriction at worst, never a duplicate accepted.
-- *What*: an incremental JSON scanner over the bytes the grammar accepted. When an item of a
+this :class:`~grammar.text_check.TextCheck` rejects them. *Where* arrays must be unique comes from
+the structure graph of ``unique`` (each open container holds the set of graph nodes that apply to
+it). *What* is checked here: an incremental JSON scanner over the bytes the grammar accepted. When an item of a
   unique array completes (closing quote, closing bracket, the end of a number or literal), its
   text is parsed and compared by JSON value with the earlier items: numbers are equal when equal
   as exact decimals *or* as floats (what jsonschema compares), objects regardless of key order,
@@ -31,95 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import GrammarBudgetError
-from .exprs import FALSE, TRUE, Expr
-
 if TYPE_CHECKING:
-    from .conjs import KeyLang
-    from .denote import Denoter
+    from .unique import Node
 
-MAX_NODES = 20_000
 VALUE, AFTER, KEY_FIRST, KEY, COLON, STRING, NUMBER, LITERAL, DONE = range(9)
 _WS = frozenset(b" \t\n\r")
 _NUMBER_CHARS = frozenset(b"0123456789+-.eE")
 _LITERALS = {ord("t"): b"rue", ord("f"): b"alse", ord("n"): b"ull"}
-
-
-# ---------------------------------------------------------------------------- where
-
-
-@dataclass
-class _Node:
-    unique: bool
-    names: dict[str, list[int]]
-    langs: list[tuple["KeyLang", int]]
-    indexes: list[tuple[int, int | None, int]]  # (first, last or None, child)
-
-
-def build_check(den: "Denoter", root: Expr) -> "UniqueItemsCheck | None":
-    """The check for the schema ``root``, or None when no array in it must be unique."""
-    ids: dict[Expr, int] = {}
-    nodes: list[_Node] = []
-    todo = [root]
-    ids[root] = 0
-    nodes.append(_Node(False, {}, [], []))
-    while todo:
-        e = todo.pop()
-        node = nodes[ids[e]]
-        d = den.expr(e)
-        node.unique = any(c.unique for c in d.arr)
-
-        def child(x: Expr) -> int | None:
-            if x in (TRUE, FALSE):
-                return None
-            if x not in ids:
-                if len(nodes) >= MAX_NODES:
-                    raise GrammarBudgetError(f"uniqueItems: the schema has more than {MAX_NODES} value schemas to track")
-                ids[x] = len(nodes)
-                nodes.append(_Node(False, {}, [], []))
-                todo.append(x)
-            return ids[x]
-
-        for c in d.obj:
-            for k, v in c.props:
-                j = child(v)
-                if j is not None:
-                    node.names.setdefault(k, []).append(j)
-            for lang, s in c.rules + c.exists:
-                j = child(s)
-                if j is not None:
-                    node.langs.append((lang, j))
-        for c in d.arr:
-            for i, p in enumerate(c.prefix):
-                j = child(p)
-                if j is not None:
-                    node.indexes.append((i, i, j))
-            for s, start in [(c.rest, len(c.prefix))] + [(x, st) for x, _, _, st in c.contains]:
-                j = child(s)
-                if j is not None:
-                    node.indexes.append((start, None, j))
-    relevant = _leading_to_unique(nodes)
-    if not relevant[0]:
-        return None
-    return UniqueItemsCheck(nodes, relevant)
-
-
-def _leading_to_unique(nodes: list[_Node]) -> list[bool]:
-    """Nodes from which a unique array is reachable (the others need no tracking)."""
-    parents: list[list[int]] = [[] for _ in nodes]
-    for i, n in enumerate(nodes):
-        kids = [j for js in n.names.values() for j in js] + [j for _, j in n.langs] + [j for _, _, j in n.indexes]
-        for j in kids:
-            parents[j].append(i)
-    out = [n.unique for n in nodes]
-    todo = [i for i, u in enumerate(out) if u]
-    while todo:
-        j = todo.pop()
-        for i in parents[j]:
-            if not out[i]:
-                out[i] = True
-                todo.append(i)
-    return out
 
 
 # ---------------------------------------------------------------------------- what
@@ -174,7 +86,7 @@ class _Violation(Exception):
 class UniqueItemsCheck:
     """The :class:`~grammar.text_check.TextCheck` of a schema with ``uniqueItems``."""
 
-    def __init__(self, nodes: list[_Node], relevant: list[bool]) -> None:
+    def __init__(self, nodes: list["Node"], relevant: list[bool]) -> None:
         self._nodes = nodes
         self._relevant = relevant
         self._lock = threading.Lock()
