@@ -17,6 +17,7 @@ evaluated, for ``unevaluatedItems`` / ``unevaluatedProperties``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -26,22 +27,67 @@ from .strsets import StrSet
 
 
 @dataclass(frozen=True)
+class Pattern:
+    """A ``patternProperties`` pattern: its ECMA-262 language (search mode), its text (which
+    jsonschema runs through Python's ``re``), and the characters on which both readings agree
+    (None: all of them)."""
+
+    expr: ir.Expr
+    source: str
+    safe: tuple | None = None
+
+    def ecma(self, key: str) -> bool:
+        return StrSet.of(self.expr).accepts(key)
+
+    def python(self, key: str) -> bool:
+        try:
+            return re.search(self.source, key) is not None
+        except re.error:  # Python cannot read it (\p{...}): only the ECMA reading exists
+            return self.ecma(key)
+
+    def agreed(self, key: str) -> bool:
+        return self.safe is None or all(any(lo <= ord(ch) <= hi for lo, hi in self.safe) for ch in key)
+
+
+@dataclass(frozen=True)
 class KeyLang:
-    """Keys that are none of ``without``, match none of ``unless`` and lie in ``within``."""
+    """Keys that are none of ``without``, match none of ``unless`` and lie in ``within`` (which,
+    for a pattern rule, is ``pattern``'s language)."""
 
     without: frozenset[str] = frozenset()
-    unless: tuple[ir.Expr, ...] = ()  # character-level pattern languages (search mode)
+    unless: tuple[Pattern, ...] = ()
     within: StrSet = field(default_factory=StrSet.all)
+    pattern: Pattern | None = None
 
     def accepts(self, key: str) -> bool:
+        """The ECMA-262 reading (the one the grammar's key languages follow)."""
         if key in self.without or not self.within.accepts(key):
             return False
-        return not any(StrSet.of(p).accepts(key) for p in self.unless)
+        return not any(p.ecma(key) for p in self.unless)
+
+    def _python(self, key: str) -> bool:
+        if key in self.without or (self.pattern is not None and not self.pattern.python(key)):
+            return False
+        return not any(p.python(key) for p in self.unless)
+
+    def _agreed(self, key: str) -> bool:
+        return all(p.agreed(key) for p in self.patterns())
+
+    def may_accept(self, key: str) -> bool:
+        """In the language under either reading: a rule applies to such a key (stricter)."""
+        return self.accepts(key) or (not self._agreed(key) and self._python(key))
+
+    def must_accept(self, key: str) -> bool:
+        """In the language under both readings: such a key witnesses an ``exists`` entry."""
+        return self.accepts(key) and (self._agreed(key) or self._python(key))
+
+    def patterns(self) -> tuple[Pattern, ...]:
+        return self.unless + ((self.pattern,) if self.pattern is not None else ())
 
     def strset(self) -> StrSet:
-        """The language as an exact string set."""
+        """The language as an exact string set (ECMA reading)."""
         out = self.within
-        banned = [StrSet.of(p) for p in self.unless]
+        banned = [StrSet.of(p.expr) for p in self.unless]
         if self.without:
             banned.append(StrSet.words(self.without))
         for b in banned:
@@ -53,8 +99,8 @@ def _never(keyword: str, why: str) -> None:
     raise AssertionError("pattern and word sets are exact")
 
 
-def pattern_lang(expr: ir.Expr) -> KeyLang:
-    return KeyLang(within=StrSet.of(expr))
+def pattern_lang(p: Pattern) -> KeyLang:
+    return KeyLang(within=StrSet.of(p.expr), pattern=p)
 
 
 # ---------------------------------------------------------------------------- arrays
@@ -151,7 +197,7 @@ class ObjConj:
     exists: tuple[tuple[KeyLang, Expr], ...] = ()
     explicit_extra: bool = False  # some part spoke about extra keys (strict mode leaves it alone)
     ev_names: frozenset[str] = frozenset()
-    ev_pats: tuple[ir.Expr, ...] = ()  # patternProperties languages (search mode)
+    ev_pats: tuple[Pattern, ...] = ()  # patternProperties patterns
     ev_all: bool = False
 
     def prop(self, name: str) -> Expr:
@@ -169,7 +215,7 @@ def obj_normalize(c: ObjConj) -> ObjConj | None:
             return None
         if c.names is not None and not c.names.accepts(k):
             return None
-        if any(s == FALSE and lang.accepts(k) for lang, s in c.rules):
+        if any(s == FALSE and lang.may_accept(k) for lang, s in c.rules):
             return None
     if any(s == FALSE for _, s in c.exists):
         return None

@@ -255,13 +255,17 @@ Sub = Callable[[Any], Denot]  # the denotation of a value expression (for nested
 
 
 def disjoint(a: Denot, b: Denot, sub: Sub, depth: int = 2) -> bool:
-    """A cheap, sound test: True only when no value is in both."""
+    """A cheap, sound test: True only when no value of ``a`` satisfies the schema ``b`` denotes.
+    ``a`` may be a subset of its schema's values; ``b`` must then be all of its own, so a cut
+    union or an inexact string set on the ``b`` side is never called disjoint."""
+    if b.approx is not None:
+        return False
     if (a.null and b.null) or (a.bools & b.bools):
         return False
     if not (a.num & b.num).is_empty():
         return False
     if not a.str.empty and not b.str.empty:
-        if a.str.is_all or b.str.is_all:
+        if a.str.is_all or b.str.is_all or b.str.approx is not None:
             return False
         try:
             if not (a.str & b.str).is_empty():
@@ -280,6 +284,8 @@ def disjoint(a: Denot, b: Denot, sub: Sub, depth: int = 2) -> bool:
 
 
 def _objs_disjoint(x: ObjConj, y: ObjConj, sub: Sub, depth: int) -> bool:
+    if y.names is not None and y.names.approx is not None:
+        return False  # y's key names are a lower bound: a contradiction with them proves nothing
     if obj_and(x, y) is None:
         return True
     if depth <= 0:

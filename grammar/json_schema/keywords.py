@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from .. import ir
 from ..errors import GrammarBudgetError, SchemaError, UnsupportedFeatureError
 from ..regex import regex_to_ir
-from .conjs import ArrConj, KeyLang, ObjConj, arr_normalize, obj_and, obj_normalize
+from .conjs import ArrConj, KeyLang, ObjConj, Pattern, arr_normalize, obj_and, obj_normalize, pattern_lang
 from .denot import BOOLS, Denot, conj, value_denot, values_denot
 from .exprs import FALSE, TRUE, Expr
 from .formats import format_expr
@@ -125,15 +125,20 @@ def array(den: "Denoter", s: dict, ptr: str, scope: tuple) -> tuple[ArrConj, ...
 def objects(den: "Denoter", s: dict, ptr: str, scope: tuple) -> tuple[ObjConj, ...]:
     props = tuple((name, den.sub(f"{ptr}/properties/{pointer_escape(name)}", scope)) for name in s.get("properties", {}))
     rules: list[tuple[KeyLang, Expr]] = []
-    pats: list[ir.Expr] = []
+    pats: list[Pattern] = []
     for p in s.get("patternProperties", {}):
+        if "{," in p:
+            den.refuse("patternProperties", ptr, f"pattern {p!r}: ECMA-262 reads '{{,' as text, Python's re as a repeat")
+            continue
         try:
             pir = regex_to_ir(p, flavor="ecma", mode="search")
         except UnsupportedFeatureError as exc:
             den.refuse("patternProperties", ptr, str(exc))
             continue
-        pats.append(pir)
-        rules.append((KeyLang(within=StrSet.of(pir)), den.sub(f"{ptr}/patternProperties/{pointer_escape(p)}", scope)))
+        safe = _dialect_safe(p)
+        pattern = Pattern(pir, p, None if safe in (None, ALL_CHARS) else safe)
+        pats.append(pattern)
+        rules.append((pattern_lang(pattern), den.sub(f"{ptr}/patternProperties/{pointer_escape(p)}", scope)))
     if "additionalProperties" in s:
         names = frozenset(s.get("properties", {}))
         rules.append((KeyLang(without=names, unless=tuple(pats)), den.sub(f"{ptr}/additionalProperties", scope)))

@@ -59,6 +59,6 @@ def _object(v: dict, c: ObjConj, den: "Denoter") -> bool:
             return False
         if k in props and not _holds(x, props[k], den):
             return False
-        if any(lang.accepts(k) and not _holds(x, s, den) for lang, s in c.rules):
+        if any(lang.may_accept(k) and not _holds(x, s, den) for lang, s in c.rules):
             return False
-    return all(any(lang.accepts(k) and _holds(x, s, den) for k, x in v.items()) for lang, s in c.exists)
+    return all(any(lang.must_accept(k) and _holds(x, s, den) for k, x in v.items()) for lang, s in c.exists)

@@ -23,6 +23,7 @@ from ..errors import GrammarBudgetError
 from .conjs import KeyLang, ObjConj
 from .exprs import FALSE, Expr, and_
 from .strings import not_in, quoted, string_literal
+from .strsets import StrSet
 
 if TYPE_CHECKING:
     from .lower import Lowerer
@@ -66,10 +67,10 @@ def object_expr(lw: "Lowerer", c: ObjConj, ptr: str, depth: int) -> ir.Expr:
         rules.append((KeyLang(without=frozenset(named)), FALSE))
     entries: list[tuple[str, list[tuple[ir.Expr, int]], bool]] = []
     for name in named:
-        base = and_(c.prop(name), *(s for lang, s in rules if lang.accepts(name)))
+        base = and_(c.prop(name), *(s for lang, s in rules if lang.may_accept(name)))
         if c.names is not None and not c.names.accepts(name):
             base = FALSE
-        alts = _alternatives(lw, base, [j for j, (lang, _) in enumerate(c.exists) if lang.accepts(name)], c, depth)
+        alts = _alternatives(lw, base, [j for j, (lang, _) in enumerate(c.exists) if lang.must_accept(name)], c, depth)
         required = name in c.required
         if not alts:
             if required:
@@ -124,6 +125,10 @@ def _regions(c: ObjConj, rules: list, named: frozenset[str]):
     space = KeyLang(without=named).strset()
     if not names_all:
         space = space & c.names  # type: ignore[operator]
+    for p in {p for lang in langs for p in lang.patterns() if p.safe is not None}:
+        # Extra keys only from the characters on which ECMA-262 and Python's re read the
+        # patterns alike: every other key could be routed differently by a validator.
+        space = space & StrSet.of(ir.star(ir.char_class(p.safe)))
     regions = [(space, frozenset())]
     distinct = list(dict.fromkeys(langs))
     for i, lang in enumerate(distinct):

@@ -104,7 +104,7 @@ class UniqueItemsCheck:
             node = self._nodes[n]
             if isinstance(step, str):
                 out.update(node.names.get(step, ()))
-                out.update(j for lang, j in node.langs if lang.accepts(step))
+                out.update(j for lang, j in node.langs if lang.may_accept(step))
             else:
                 out.update(j for lo, hi, j in node.indexes if lo <= step and (hi is None or step <= hi))
         res = frozenset(j for j in out if self._relevant[j])
