@@ -132,3 +132,22 @@ def test_negated_inexact_constraints_are_refused():
         json_schema_to_grammar({"not": {"format": "email"}})
     with pytest.raises(UnsupportedFeatureError, match="'pattern'"):
         json_schema_to_grammar({"not": {"pattern": "a{,2}"}})
+
+
+def test_ecma_only_regex_syntax_is_accepted_by_the_metaschema_check():
+    # Python's re cannot read \p{Letter} (jsonschema's metaschema check used to refuse the schema).
+    from test_json_schema import matcher_accepts
+
+    g = json_schema_to_grammar({"type": "object", "patternProperties": {"^\\p{Letter}+$": {"type": "integer"}}, "additionalProperties": False})
+    assert matcher_accepts(g, '{"ñandú": 1}') and not matcher_accepts(g, '{"ñandú": "x"}') and not matcher_accepts(g, '{"a1": 1}')
+
+
+def test_dialect_sensitive_pattern_routes_ambiguous_keys_to_both_schemas():
+    # Python's \w matches "é", ECMA's does not: a named key "é" gets the pattern's schema too, and
+    # extra keys are drawn only from ASCII, where both readings agree.
+    from test_json_schema import matcher_accepts
+
+    schema = {"type": "object", "properties": {"é": {}}, "patternProperties": {"^\\w+$": {"type": "integer"}}, "additionalProperties": {"type": "string"}}
+    g = json_schema_to_grammar(schema)
+    assert matcher_accepts(g, '{"é": 1}') and not matcher_accepts(g, '{"é": "x"}')
+    assert matcher_accepts(g, '{"ab": 1, "a-b": "x"}') and not matcher_accepts(g, '{"ü-x": "x"}')
