@@ -8,6 +8,7 @@ import random
 import threading
 
 import jsonschema
+import numpy as np
 import pytest
 
 from grammar import TokenVocabulary, allocate_token_bitmask, allowed_token_ids
@@ -126,3 +127,15 @@ def test_random_walks_produce_valid_documents_on_several_threads(compiled):
     for d in docs:
         assert validator.is_valid(json.loads(d)), d
     assert results[0] == _walk(compiled, 0)  # threads did not disturb each other
+
+
+def test_string_shortcut_bans_exactly_what_simulation_bans(compiled):
+    check = compiled.grammar.check
+    for prefix in [b'{"tags":["a","ab",', b'{"tags":["a","ab","', b'{"tags":["a","ab","a', b'{"tags":["\\u00e9","a","\\u00']:
+        m = GrammarMatcher(compiled)
+        assert m.accept_bytes(prefix), prefix
+        state = m._checks[-1]
+        grammar_ok = np.array([t for t in range(VOCAB.vocab_size) if VOCAB.token_bytes[t] and compiled.next_state(m.state, t) >= 0])
+        fast = set(check.banned(state, VOCAB.token_bytes, grammar_ok).tolist())
+        slow = {t for t in grammar_ok.tolist() if not m.copy().accept_token(t)}
+        assert fast == slow, (prefix, sorted(fast ^ slow)[:5])

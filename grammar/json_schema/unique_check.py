@@ -135,6 +135,9 @@ class UniqueItemsCheck:
     def banned(self, state: ScanState, token_bytes: list[bytes], allowed: np.ndarray) -> np.ndarray:
         if not self.may_ban(state):
             return np.zeros(0, dtype=np.int64)
+        quick = _string_item_bans(state, token_bytes)
+        if quick is not None:
+            return np.intersect1d(quick, allowed)
         has = _byte_index(token_bytes)
         mask = np.zeros(len(allowed), dtype=bool)
         for b in _enders(state.mode):
@@ -152,6 +155,57 @@ def _enders(mode: int) -> bytes:
     if mode == LITERAL:
         return b"el"
     return b'",]}el'
+
+
+def _string_item_bans(state: ScanState, token_bytes: list[bytes]) -> np.ndarray | None:
+    """Inside a string that is itself an item of a unique array (and no other unique array has
+    items yet): the tokens whose text up to their closing quote completes an earlier item,
+    looked up by decoded content instead of simulated. None where this shortcut does not apply
+    (mid-escape, a partial character, several unique arrays in play)."""
+    f = state.frames[-1] if state.frames else None
+    if state.mode != STRING or state.is_key or state.esc or f is None or not (f.array and f.unique):
+        return None
+    if any(g.unique and g.seen for g in state.frames[:-1]):
+        return None
+    try:
+        cur = json.loads(b'"' + _slice(state.text, state.lex_start + 1, state.pos) + b'"')
+    except ValueError:
+        return None
+    index = _closing_index(token_bytes)
+    out: list[int] = []
+    for key in f.seen:
+        if key.startswith('"'):
+            earlier = json.loads(key)
+            if earlier.startswith(cur):
+                out += index.get(earlier[len(cur):], ())
+    return np.array(sorted(set(out)), dtype=np.int64)
+
+
+_CLOSING: dict[int, tuple[list[bytes], dict[str, list[int]]]] = {}
+
+
+def _closing_index(token_bytes: list[bytes]) -> dict[str, list[int]]:
+    """decoded string content before the first unescaped quote -> token ids (a token read from
+    inside a string, no escape pending); once per vocabulary."""
+    with _INDEX_LOCK:
+        hit = _CLOSING.get(id(token_bytes))
+        if hit is not None and hit[0] is token_bytes:
+            return hit[1]
+    index: dict[str, list[int]] = {}
+    for t, data in enumerate(token_bytes):
+        q = data.find(b'"')
+        while q > 0 and (len(data[:q]) - len(data[:q].rstrip(b"\\"))) % 2:
+            q = data.find(b'"', q + 1)  # an escaped quote: look further
+        if q < 0:
+            continue
+        try:
+            content = json.loads(b'"' + data[:q] + b'"')
+        except ValueError:
+            continue
+        index.setdefault(content, []).append(t)
+    with _INDEX_LOCK:
+        _CLOSING[id(token_bytes)] = (token_bytes, index)
+    return index
 
 
 _INDEX: dict[int, tuple[list[bytes], dict[int, np.ndarray]]] = {}
@@ -280,7 +334,10 @@ class _Scan:
 def _equality_keys(text: bytes) -> frozenset[str]:
     """Keys equal for equal JSON values: numbers by exact decimal value, and also by float value
     (jsonschema compares floats), objects regardless of key order, ``true`` apart from ``1``."""
-    value = json.loads(text, parse_float=_Num, parse_int=_Num)
+    try:
+        value = json.loads(text, parse_float=_Num, parse_int=_Num)
+    except ValueError:  # not JSON (only text the grammar refuses gets here): nothing to compare
+        return frozenset()
     return frozenset({json.dumps(_norm(value, False), sort_keys=True), json.dumps(_norm(value, True), sort_keys=True)})
 
 
