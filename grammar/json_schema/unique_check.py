@@ -12,18 +12,21 @@ it). *What* is checked here: an incremental JSON scanner over the bytes the gram
 Scanner states are immutable (the text so far is a linked list of chunks), so matchers copy and
 roll back by keeping references. ``banned`` simulates the allowed tokens that could complete an
 item (a quote inside a string, a delimiter after a number...) and returns those that complete a
-duplicate.
+duplicate. Token indexes per vocabulary live in ``unique_tokens``, value equality in
+``unique_values``.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from .unique_tokens import byte_index, closing_index
+from .unique_values import equality_keys
 
 if TYPE_CHECKING:
     from .unique import Node
@@ -138,7 +141,7 @@ class UniqueItemsCheck:
         quick = _string_item_bans(state, token_bytes)
         if quick is not None:
             return np.intersect1d(quick, allowed)
-        has = _byte_index(token_bytes)
+        has = byte_index(token_bytes)
         mask = np.zeros(len(allowed), dtype=bool)
         for b in _enders(state.mode):
             mask |= has[b][allowed]
@@ -171,7 +174,7 @@ def _string_item_bans(state: ScanState, token_bytes: list[bytes]) -> np.ndarray 
         cur = json.loads(b'"' + _slice(state.text, state.lex_start + 1, state.pos) + b'"')
     except ValueError:
         return None
-    index = _closing_index(token_bytes)
+    index = closing_index(token_bytes)
     out: list[int] = []
     for key in f.seen:
         if key.startswith('"'):
@@ -179,49 +182,6 @@ def _string_item_bans(state: ScanState, token_bytes: list[bytes]) -> np.ndarray 
             if earlier.startswith(cur):
                 out += index.get(earlier[len(cur):], ())
     return np.array(sorted(set(out)), dtype=np.int64)
-
-
-_CLOSING: dict[int, tuple[list[bytes], dict[str, list[int]]]] = {}
-
-
-def _closing_index(token_bytes: list[bytes]) -> dict[str, list[int]]:
-    """decoded string content before the first unescaped quote -> token ids (a token read from
-    inside a string, no escape pending); once per vocabulary."""
-    with _INDEX_LOCK:
-        hit = _CLOSING.get(id(token_bytes))
-        if hit is not None and hit[0] is token_bytes:
-            return hit[1]
-    index: dict[str, list[int]] = {}
-    for t, data in enumerate(token_bytes):
-        q = data.find(b'"')
-        while q > 0 and (len(data[:q]) - len(data[:q].rstrip(b"\\"))) % 2:
-            q = data.find(b'"', q + 1)  # an escaped quote: look further
-        if q < 0:
-            continue
-        try:
-            content = json.loads(b'"' + data[:q] + b'"')
-        except ValueError:
-            continue
-        index.setdefault(content, []).append(t)
-    with _INDEX_LOCK:
-        _CLOSING[id(token_bytes)] = (token_bytes, index)
-    return index
-
-
-_INDEX: dict[int, tuple[list[bytes], dict[int, np.ndarray]]] = {}
-_INDEX_LOCK = threading.Lock()
-
-
-def _byte_index(token_bytes: list[bytes]) -> dict[int, np.ndarray]:
-    """For each byte that can complete an item: which tokens contain it (once per vocabulary)."""
-    with _INDEX_LOCK:
-        hit = _INDEX.get(id(token_bytes))
-        if hit is not None and hit[0] is token_bytes:
-            return hit[1]
-    index = {b: np.fromiter((b in t for t in token_bytes), dtype=bool, count=len(token_bytes)) for b in b'",]}el \t\n\r'}
-    with _INDEX_LOCK:
-        _INDEX[id(token_bytes)] = (token_bytes, index)
-    return index
 
 
 class _Scan:
@@ -322,50 +282,10 @@ class _Scan:
         if self.frames:
             f = self.frames[-1]
             if f.array and f.unique:
-                keys = _equality_keys(_slice(self.text, f.item_start, end))
+                keys = equality_keys(_slice(self.text, f.item_start, end))
                 if keys & f.seen:
                     raise _Violation()
                 self.frames[-1] = replace(f, seen=f.seen | keys)
             self.mode = AFTER
         else:
             self.mode = DONE
-
-
-def _equality_keys(text: bytes) -> frozenset[str]:
-    """Keys equal for equal JSON values: numbers by exact decimal value, and also by float value
-    (jsonschema compares floats), objects regardless of key order, ``true`` apart from ``1``."""
-    try:
-        value = json.loads(text, parse_float=_Num, parse_int=_Num)
-    except ValueError:  # not JSON (only text the grammar refuses gets here): nothing to compare
-        return frozenset()
-    return frozenset({json.dumps(_norm(value, False), sort_keys=True), json.dumps(_norm(value, True), sort_keys=True)})
-
-
-class _Num(str):
-    """A number's text, kept as written (json.loads hands it over unparsed)."""
-
-
-_NUMBER = re.compile(r"(-?)(\d+)(?:\.(\d+))?(?:[eE]([+-]?\d+))?")
-
-
-def _exact_key(text: str) -> str:
-    """The value of a JSON number as digits and a power of ten (never overflows)."""
-    m = _NUMBER.fullmatch(text)
-    sign, whole, frac, exp = m.group(1), m.group(2), m.group(3) or "", m.group(4) or "0"
-    digits = (whole + frac).lstrip("0")
-    if not digits:
-        return "0"
-    if len(exp.lstrip("+-")) > 18:
-        return sign + "huge" if not exp.startswith("-") else "tiny"  # all alike: stricter, never looser
-    stripped = digits.rstrip("0")
-    return f"{sign}{stripped}e{int(exp) - len(frac) + len(digits) - len(stripped)}"
-
-
-def _norm(v: Any, as_float: bool) -> Any:
-    if isinstance(v, _Num):
-        return {"#f": repr(float(v))} if as_float else {"#x": _exact_key(v)}
-    if isinstance(v, bool) or v is None or isinstance(v, str):
-        return v
-    if isinstance(v, list):
-        return [_norm(x, as_float) for x in v]
-    return {k: _norm(x, as_float) for k, x in v.items()}
