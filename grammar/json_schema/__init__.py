@@ -4,6 +4,7 @@ Public entry point: :func:`json_schema_to_grammar`. The data flow, one module pe
 
     refs       load, metaschema check (ECMA regexes), $ref / $dynamicRef normalization
     denote     schema objects -> denotations (every keyword, combinators included)
+      keywords   the local keywords of one schema object (type, enum/const, each type's own)
     denot      the denotation algebra: intersection, union, complement, oneOf, a and not b
       exprs      lazy subschema expressions (Ptr / Const / And / Or / Not) inside conjunctions
       numsets    number sets (intervals, multiples, non-multiples, excluded points)
@@ -11,8 +12,11 @@ Public entry point: :func:`json_schema_to_grammar`. The data flow, one module pe
       conjs      array and object conjunctions, their intersection and one-atom negations
       membership exact membership of a value in a denotation
     lower      denotations -> IR (memoized per expression and per denotation; cycles -> rules)
-      objects, arrays, scalars, strings, numbers, formats, regex_format, layout
-    unique / unique_check   uniqueItems: small domains as automata, the rest as a matcher check
+      objects, arrays, strings, numbers, formats, regex_format, layout
+    unique     uniqueItems: small domains as automata, the rest as a matcher check:
+      unique_check   the incremental JSON scanner that bans tokens completing a duplicate item
+      unique_tokens  its per-vocabulary token indexes
+      unique_values  JSON value equality (numbers as decimals and floats, objects unordered)
 
 Decisions worth knowing (MaskBench dev samples, byte-level walk of
 ``json.dumps(data, ensure_ascii=False)``; the ratchet is tests/data/maskbench_json_schema.json):
