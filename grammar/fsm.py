@@ -197,6 +197,19 @@ class _Builder:
     def _repeat(self, e: ir.Repeat, s: int, t: int, work: list) -> None:
         self._build_repeat(e, s, t, work)
 
+    def _graph(self, e: ir.Graph, s: int, t: int, work: list) -> None:
+        nodes: dict[int, int] = {}
+
+        def node(k: int) -> int:
+            if k not in nodes:
+                nodes[k] = self.new_state()
+            return nodes[k]
+
+        self.nfa.eps[s].append(node(e.start))
+        for f in e.finals:
+            self.nfa.eps[node(f)].append(t)
+        work.extend((x, node(a), node(b)) for a, x, b in e.edges)
+
     def _ref(self, e: ir.Ref, s: int, t: int, work: list) -> None:
         if self._should_inline(e.name):
             work.append((self.grammar.rules[e.name], s, t))
@@ -212,6 +225,7 @@ class _Builder:
         ir.Seq: _seq,
         ir.Choice: _choice,
         ir.Repeat: _repeat,
+        ir.Graph: _graph,
         ir.Ref: _ref,
     }
 
@@ -285,6 +299,8 @@ class _Builder:
             copies = max(e.min if e.max is None else e.max, 1)
             item = self.size(e.item)
             n = 1 + (2 if copies > 1 and item >= SHARE_MIN_STATES else item) * copies
+        elif isinstance(e, ir.Graph):
+            n = 1 + len(e.edges) + sum(self.size(x) for _, x, _ in e.edges)
         elif isinstance(e, ir.Ref):
             n = self.size(self.grammar.rules[e.name]) if self._should_inline(e.name) else 1
         else:
@@ -306,7 +322,7 @@ class _Builder:
         return ok
 
 
-_SHAREABLE = (ir.Seq, ir.Choice, ir.Repeat)
+_SHAREABLE = (ir.Seq, ir.Choice, ir.Repeat, ir.Graph)
 
 
 def _count_occurrences(grammar: ir.Grammar) -> tuple[dict[ir.Expr, int], dict[str, int]]:
@@ -320,7 +336,7 @@ def _count_occurrences(grammar: ir.Grammar) -> tuple[dict[ir.Expr, int], dict[st
         if id(e) in seen:
             continue
         seen.add(id(e))
-        children = e.items if isinstance(e, (ir.Seq, ir.Choice)) else (e.item,) if isinstance(e, ir.Repeat) else ()
+        children = _children(e)
         for child in children:
             if isinstance(child, _SHAREABLE):
                 counts[child] = counts.get(child, 0) + 1
@@ -330,6 +346,16 @@ def _count_occurrences(grammar: ir.Grammar) -> tuple[dict[ir.Expr, int], dict[st
         if isinstance(e, ir.Ref):
             refs[e.name] = refs.get(e.name, 0) + 1
     return counts, refs
+
+
+def _children(e: ir.Expr) -> tuple[ir.Expr, ...]:
+    if isinstance(e, (ir.Seq, ir.Choice)):
+        return e.items
+    if isinstance(e, ir.Repeat):
+        return (e.item,)
+    if isinstance(e, ir.Graph):
+        return tuple(x for _, x, _ in e.edges)
+    return ()
 
 
 def _rules_on_cycles(grammar: ir.Grammar) -> set[str]:

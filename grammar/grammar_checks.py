@@ -35,6 +35,8 @@ def map_refs(expr: ir.Expr, fn: Callable[[ir.Ref], ir.Expr]) -> ir.Expr:
         return ir.choice(*(map_refs(e, fn) for e in expr.items))
     if isinstance(expr, ir.Repeat):
         return ir.repeat(map_refs(expr.item, fn), expr.min, expr.max)
+    if isinstance(expr, ir.Graph):
+        return ir.Graph(expr.start, expr.finals, tuple((a, map_refs(x, fn), b) for a, x, b in expr.edges))
     return expr
 
 

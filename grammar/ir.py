@@ -92,6 +92,19 @@ class Repeat(_CachedHash):
     __hash__ = _CachedHash.__hash__
 
 
+@dataclass(frozen=True, eq=True)
+class Graph(_CachedHash):
+    """A finite automaton whose edges are expressions: matches the concatenation of the edge
+    expressions along any path from ``start`` to a state in ``finals`` (states are ints). Boolean
+    operations on regular languages (``char_dfa``) hand their result over in this form, which
+    stays linear in the automaton's size where a regular expression could be exponential."""
+
+    start: int
+    finals: frozenset[int]
+    edges: tuple[tuple[int, "Expr", int], ...]  # (from, expr, to)
+    __hash__ = _CachedHash.__hash__
+
+
 @dataclass(frozen=True)
 class Ref:
     """A reference to the rule ``name`` of the enclosing :class:`Grammar` (recursion allowed,
@@ -100,7 +113,7 @@ class Ref:
     name: str
 
 
-Expr = Union[Empty, Nothing, Literal, ByteClass, CharClass, Seq, Choice, Repeat, Ref]
+Expr = Union[Empty, Nothing, Literal, ByteClass, CharClass, Seq, Choice, Repeat, Graph, Ref]
 
 EMPTY = Empty()
 NOTHING = Nothing()
@@ -114,6 +127,8 @@ class Grammar:
     root: str = "root"
     # Free-form provenance (front end, options) for error messages and cache keys.
     source_kind: str = field(default="ir")
+    # A constraint on the text beyond the language, enforced by the matcher (text_check.TextCheck).
+    check: object | None = None
 
     def validate(self) -> None:
         """Raise GrammarError for an undefined root or an undefined referenced rule."""
@@ -140,6 +155,8 @@ def iter_refs(expr: Expr) -> Iterable[str]:
             stack.extend(e.items)
         elif isinstance(e, Repeat):
             stack.append(e.item)
+        elif isinstance(e, Graph):
+            stack.extend(x for _, x, _ in e.edges)
 
 
 # ---------------------------------------------------------------- simplifying constructors

@@ -2,7 +2,9 @@
 
 It is a stack of automaton states, one per accepted token, so ``rollback(n)`` (speculative
 decoding) is a pop and ``copy()`` is cheap. Masks come from the compiled grammar's per-state
-cache; the matcher only copies a row into the caller's bitmask.
+cache; the matcher only copies a row into the caller's bitmask. A grammar with a text check
+(``text_check``: JSON Schema's ``uniqueItems``) adds a parallel stack of immutable check
+states, popped and copied with the automaton states, and clears the tokens the check bans.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ class GrammarMatcher:
         self.compiled = compiled
         self.max_rollback_tokens = max_rollback_tokens
         self._states: list[int] = [compiled.initial_state]
+        self._check = compiled.grammar.check
+        self._checks: list = [self._check.start()] if self._check is not None else []
         self._terminated = False
         self._terminated_at: int | None = None  # history length when EOS was accepted
 
@@ -42,6 +46,7 @@ class GrammarMatcher:
 
     def reset(self) -> None:
         self._states = [self.compiled.initial_state]
+        self._checks = [self._check.start()] if self._check is not None else []
         self._terminated = False
         self._terminated_at = None
 
@@ -50,6 +55,7 @@ class GrammarMatcher:
         other.compiled = self.compiled
         other.max_rollback_tokens = self.max_rollback_tokens
         other._states = list(self._states)
+        other._check, other._checks = self._check, list(self._checks)
         other._terminated = self._terminated
         other._terminated_at = self._terminated_at
         return other
@@ -63,15 +69,14 @@ class GrammarMatcher:
         if token_id in self.compiled.eos_token_ids:
             if not self.compiled.is_accepting(self.state):
                 return False
-            self._push(self.state)
+            self._push(self.state, b"")
             self._terminated = True
             self._terminated_at = len(self._states)
             return True
         nxt = self.compiled.next_state(self.state, token_id)
         if nxt == DEAD:
             return False
-        self._push(nxt)
-        return True
+        return self._push(nxt, self.compiled.vocab.token_bytes[token_id])
 
     def accept_bytes(self, data: bytes | str) -> bool:
         """Advance by raw bytes (counted as one step for rollback); all or nothing."""
@@ -84,14 +89,20 @@ class GrammarMatcher:
             nxt = automaton.step_bytes(self.state, data)
         if nxt == DEAD:
             return False
-        self._push(nxt)
-        return True
+        return self._push(nxt, data)
 
-    def _push(self, state: int) -> None:
+    def _push(self, state: int, data: bytes) -> bool:
+        if self._check is not None:
+            checked = self._check.feed(self._checks[-1], data)
+            if checked is None:
+                return False
+            self._checks.append(checked)
         self._states.append(state)
         limit = self.max_rollback_tokens
         if limit is not None and len(self._states) > limit + 1:
             del self._states[0]
+            del self._checks[:1]
+        return True
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens (EOS included)."""
@@ -99,6 +110,7 @@ class GrammarMatcher:
             raise ValueError(f"cannot roll back {num_tokens} tokens; {len(self._states) - 1} available")
         if num_tokens:
             del self._states[-num_tokens:]
+            del self._checks[len(self._states):]
         if self._terminated and len(self._states) < (self._terminated_at or 0):
             self._terminated = False
             self._terminated_at = None
@@ -122,12 +134,29 @@ class GrammarMatcher:
             row = compiled.budgeted_token_mask(self.state, remaining_tokens)
         width = len(row)
         target[:width] = row
+        if self._check is not None:
+            self._ban(target)
         if target.shape[0] > width:
             target[width:] = 0
 
+    def _ban(self, target: np.ndarray) -> None:
+        """Clear the bits of the tokens the text check bans."""
+        from .bitmask import allowed_token_ids
+
+        state = self._checks[-1]
+        if not self._check.may_ban(state):
+            return
+        vocab = self.compiled.vocab
+        banned = self._check.banned(state, vocab.token_bytes, allowed_token_ids(target, vocab.vocab_size))
+        for t in banned.tolist():
+            target[t >> 5] &= np.int32(np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF).view(np.int32))
+
     def get_next_token_bitmask(self) -> np.ndarray:
         """A fresh copy of the current row."""
-        return self.compiled.token_mask(self.state).copy()
+        row = self.compiled.token_mask(self.state).copy()
+        if self._check is not None and not self._terminated:
+            self._ban(row)
+        return row
 
     # ------------------------------------------------------------------ look-ahead
     def forced_continuation(self) -> bytes:
@@ -147,7 +176,15 @@ class GrammarMatcher:
                     break
                 out.append(int(live[0]))
                 state = int(row[live[0]])
-        return _complete_utf8_prefix(bytes(out))
+        return self._checked(_complete_utf8_prefix(bytes(out)))
+
+    def _checked(self, data: bytes) -> bytes:
+        """The longest prefix of forced ``data`` the text check accepts."""
+        if self._check is None or self._check.feed(self._checks[-1], data) is not None:
+            return data
+        while data and self._check.feed(self._checks[-1], data) is None:
+            data = _complete_utf8_prefix(data[:-1])
+        return data
 
     def shortest_completion(self) -> bytes:
         """One shortest byte string that completes the match from here (b"" if complete)."""

@@ -17,10 +17,16 @@ Two flavors share one hand-written parser:
 newline and ``(?m)`` makes ``^`` / ``$`` match at line breaks; ECMA's are strict.
 
 Constructs whose language is not regular, or that depend on context we do not track
-(lookaround, backreferences, conditionals, word boundaries, atomic groups, possessive
-quantifiers, anchors anywhere but the ends of a top-level alternative), raise
-:class:`UnsupportedFeatureError`; malformed patterns raise :class:`RegexSyntaxError` with the
-position. Every pattern ``re.compile(p, re.ASCII)`` rejects is rejected here too.
+(lookbehind, backreferences, conditionals, word boundaries, atomic groups, possessive
+quantifiers, lookaheads anywhere but the start of a top-level alternative, multiline anchors
+inside groups), raise :class:`UnsupportedFeatureError`; malformed patterns raise
+:class:`RegexSyntaxError` with the position. Every pattern ``re.compile(p, re.ASCII)`` rejects is
+rejected here too.
+
+Two zero-width constructs are exact through ``char_dfa`` (the pattern is determinized and handed
+back as an ``ir.Graph``): strict anchors anywhere (``(^a|b$)``, ``a$|^b``), marked with
+``char_dfa.START`` / ``END``; and lookaheads at the start of a top-level alternative
+(``^(?!foo)\\w+``): the rest of the text from there intersected with, or minus, ``X.*``.
 
 The parser uses an explicit stack of open groups, so nesting never recurses in Python;
 nesting deeper than ``max_depth`` and repetition counts above ``max_repeat`` raise
@@ -83,6 +89,7 @@ class _Frame:
     pos: int
     outer_flags: _Flags
     group: int | None = None  # capture index, to know which groups are still open
+    lookahead: str | None = None  # "=" or "!" for a lookahead group
     alts: list[list[_Item]] = field(default_factory=list)
     items: list[_Item] = field(default_factory=list)
 
@@ -124,6 +131,7 @@ class _Parser:
         self.groups = 1  # next capture index (re counts group 0)
         self.open_groups: set[int] = set()
         self.names: dict[str, int] = {}
+        self.zero_width = False  # markers or lookaheads: the result goes through char_dfa
 
     # ------------------------------------------------------------------ errors and helpers
 
@@ -178,7 +186,12 @@ class _Parser:
         if len(self.stack) > 1:
             raise self.syntax("missing ), unterminated subpattern", self.stack[-1].pos)
         top = self.stack[0]
-        return _alternation([self.finish_alternative(alt) for alt in top.alts + [top.items]])
+        expr = _alternation([self.finish_alternative(alt) for alt in top.alts + [top.items]])
+        if self.zero_width:
+            from . import char_dfa
+
+            expr = char_dfa.to_ir(char_dfa.from_ir(expr))
+        return expr
 
     def skip_verbose(self, c: str) -> None:
         if c == "#":
@@ -211,9 +224,11 @@ class _Parser:
 
     def anchor(self, kind: str, mode: str, pos: int) -> None:
         if len(self.stack) > 1:
-            name = self.p[pos : pos + (2 if self.p[pos] == "\\" else 1)]
-            raise self.unsupported(f"anchor {name!r} inside a group", pos)
-        self.add(ir.EMPTY, pos, kind, mode)
+            if mode != "strict":
+                name = self.p[pos : pos + (2 if self.p[pos] == "\\" else 1)]
+                raise self.unsupported(f"anchor {name!r} inside a group (multiline or Python '$')", pos)
+            self.zero_width = True
+        self.add(_marker(kind), pos, kind, mode)
 
     # ------------------------------------------------------------------ groups
 
@@ -236,6 +251,9 @@ class _Parser:
                 flags = value
             elif kind == "named":
                 group = self.new_group(value, start)
+            elif kind == "lookahead":
+                self.stack.append(_Frame(start, self.flags, None, lookahead=value))  # type: ignore[arg-type]
+                return
         else:
             group = self.new_group(None, start)
         self.stack.append(_Frame(start, self.flags, group))
@@ -260,7 +278,12 @@ class _Parser:
             self.i += 1
             return ("plain", None)
         if c in "=!":
-            raise self.unsupported(f"lookahead '(?{c}'", start)
+            frame = self.stack[-1]
+            if len(self.stack) > 1 or any(it.kind not in ("start", "lookahead") for it in frame.items):
+                raise self.unsupported(f"lookahead '(?{c}' that is not at the start of the pattern", start)
+            self.i += 1
+            self.zero_width = True
+            return ("lookahead", c)
         if c == "<" and self.peek(1) in ("=", "!"):
             raise self.unsupported(f"lookbehind '(?<{self.peek(1)}'", start)
         if self.py:
@@ -350,7 +373,11 @@ class _Parser:
         self.flags = frame.outer_flags
         if frame.group is not None:
             self.open_groups.discard(frame.group)
-        self.add(_alternation([_join([it.expr for it in alt]) for alt in frame.alts + [frame.items]]), frame.pos, "group")
+        inner = _alternation([_join([it.expr for it in alt]) for alt in frame.alts + [frame.items]])
+        if frame.lookahead is not None:
+            self.add(inner, frame.pos, "lookahead", frame.lookahead)
+        else:
+            self.add(inner, frame.pos, "group")
 
     # ------------------------------------------------------------------ quantifiers
 
@@ -398,6 +425,8 @@ class _Parser:
         items = self.stack[-1].items
         if not items or items[-1].kind in ("start", "end"):
             raise self.syntax("nothing to repeat", start)
+        if items[-1].kind == "lookahead":
+            raise self.unsupported("a quantified lookahead", start)
         if items[-1].kind == "repeat":
             raise self.syntax("multiple repeat", start)
         if self.peek() == "?":
@@ -613,6 +642,8 @@ class _Parser:
         Anchors are zero-width conditions on one position: leading ones constrain the text
         before the match, trailing ones the text after it (an anchors-only alternative: both).
         """
+        looks = [it for it in items if it.kind == "lookahead"]
+        items = [it for it in items if it.kind != "lookahead"]
         if all(it.kind in ("start", "end") for it in items):
             lead = trail = len(items)
             before, after = items, items
@@ -626,12 +657,51 @@ class _Parser:
             before, after = items[:lead], items[trail:]
         for it in items[lead:trail]:
             if it.kind in ("start", "end"):
-                name = self.p[it.pos : it.pos + (2 if self.p[it.pos] == "\\" else 1)]
-                raise self.unsupported(f"anchor {name!r} that is not at an end of the pattern", it.pos)
+                if it.anchor != "strict":
+                    name = self.p[it.pos : it.pos + (2 if self.p[it.pos] == "\\" else 1)]
+                    raise self.unsupported(f"anchor {name!r} that is not at an end of the pattern (multiline or Python '$')", it.pos)
+                self.zero_width = True
         body = _join([it.expr for it in items[lead:trail]])
-        if self.mode == "fullmatch":
-            return body
-        return ir.seq(_prefix(before), body, _suffix(after))
+        prefix, suffix = (ir.EMPTY, ir.EMPTY) if self.mode == "fullmatch" else (_prefix(before), _suffix(after))
+        if looks:
+            return self.lookaheads(looks, ir.seq(body, suffix), prefix)
+        return ir.seq(prefix, body, suffix)
+
+    def lookaheads(self, looks: list[_Item], rest: Expr, prefix: Expr) -> Expr:
+        """``prefix`` then the text from the lookahead position on: ``rest`` intersected with
+        ``X.*`` for each ``(?=X)``, minus it for each ``(?!X)``."""
+        from . import char_dfa
+
+        if prefix != ir.EMPTY and any(_has(e, char_dfa.START) for e in [rest, *(it.expr for it in looks)]):
+            raise self.unsupported("'^' inside an unanchored lookahead pattern", looks[0].pos)
+        dfa = char_dfa.from_ir(rest)
+        for it in looks:
+            ahead = char_dfa.from_ir(ir.seq(it.expr, _ANY_STAR))
+            dfa = char_dfa.intersect(dfa, ahead) if it.anchor == "=" else char_dfa.difference(dfa, ahead)
+        return ir.seq(prefix, char_dfa.to_ir(dfa))
+
+
+def _marker(kind: str) -> Expr:
+    """The zero-width marker of a strict anchor (see ``char_dfa``); ends of a top-level
+    alternative are stripped before use, so only inner anchors reach the automaton."""
+    from . import char_dfa
+
+    return char_dfa.START if kind == "start" else char_dfa.END
+
+
+def _has(expr: Expr, part: Expr) -> bool:
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if e == part:
+            return True
+        if isinstance(e, (ir.Seq, ir.Choice)):
+            stack.extend(e.items)
+        elif isinstance(e, ir.Repeat):
+            stack.append(e.item)
+        elif isinstance(e, ir.Graph):
+            stack.extend(x for _, x, _ in e.edges)
+    return False
 
 
 def _atom_ranges(kind: str, value: object) -> Ranges:

@@ -121,9 +121,9 @@ def test_every_finish_reason(engine):
     assert stop_str["text"] == eos["text"][: eos["text"].index(word)]
     grammar_end = engine.generate(input_ids=chat, sampling_params={**GREEDY, "max_new_tokens": 64, "regex": "Hi"})
     assert grammar_end["text"] == "Hi" and grammar_end["meta_info"]["finish_reason"]["type"] == "stop"
-    refused = engine.generate(input_ids=chat, sampling_params={"max_new_tokens": 8, "regex": "(?=x)"})
+    refused = engine.generate(input_ids=chat, sampling_params={"max_new_tokens": 8, "regex": "(?<=x)"})
     assert refused["meta_info"]["finish_reason"]["type"] == "abort"
-    assert "lookahead" in refused["meta_info"]["finish_reason"]["message"]
+    assert "lookbehind" in refused["meta_info"]["finish_reason"]["message"]
     near_context = [chat[0]] * (engine.context_len - 3)
     ctx = engine.generate(input_ids=near_context, sampling_params={**GREEDY, "max_new_tokens": 50, "ignore_eos": True}) if engine.runner.max_total_tokens > engine.context_len else None
     if ctx is not None:

@@ -75,6 +75,20 @@ class IRMatcher:
                 if not cur:
                     break
             return frozenset(cur)
+        if isinstance(e, ir.Graph):
+            seen_nodes = {(e.start, pos)}
+            todo, ends = [(e.start, pos)], set()
+            while todo:
+                node, p = todo.pop()
+                if node in e.finals:
+                    ends.add(p)
+                for a, x, b in e.edges:
+                    if a == node:
+                        for q in self._ends(x, p):
+                            if (b, q) not in seen_nodes:
+                                seen_nodes.add((b, q))
+                                todo.append((b, q))
+            return frozenset(ends)
         if isinstance(e, ir.Repeat):
             result = {pos} if e.min == 0 else set()
             frontier, count, seen = {pos}, 0, {pos}

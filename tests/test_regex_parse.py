@@ -6,6 +6,7 @@ does not depend on fsm.py / compiler.py; tests/test_regex_oracle.py does the tok
 
 from __future__ import annotations
 
+import itertools
 import re
 import warnings
 
@@ -43,6 +44,18 @@ def _ends(expr: ir.Expr, s: str, i: int) -> set[int]:
         return {e for item in expr.items for e in _ends(item, s, i)}
     if isinstance(expr, ir.Repeat):
         return _repeat_ends(expr, s, i)
+    if isinstance(expr, ir.Graph):  # automata from char_dfa (inner anchors, lookaheads)
+        seen, todo, out = {(expr.start, i)}, [(expr.start, i)], set()
+        while todo:
+            node, j = todo.pop()
+            if node in expr.finals:
+                out.add(j)
+            for a, x, b in expr.edges:
+                for k in _ends(x, s, j) if a == node else ():
+                    if (b, k) not in seen:
+                        seen.add((b, k))
+                        todo.append((b, k))
+        return out
     raise AssertionError(f"unexpected IR node {expr!r}")
 
 
@@ -270,6 +283,8 @@ def test_syntax_errors_with_position(pattern: str, position: int) -> None:
 UNSUPPORTED = [
     ("a(?=b)", 1, "lookahead"),
     ("a(?!b)", 1, "lookahead"),
+    ("(a(?!b))", 2, "lookahead"),
+    ("(?=a)*", 5, "lookahead"),
     ("(?<=a)b", 0, "lookbehind"),
     ("(?<!a)b", 0, "lookbehind"),
     ("(a)\\1", 3, "backreference"),
@@ -280,10 +295,8 @@ UNSUPPORTED = [
     ("(?>ab)", 0, "atomic"),
     ("a*+", 1, "possessive"),
     ("a{1,2}+", 1, "possessive"),
-    ("a^b", 1, "anchor"),
-    ("(^a)", 1, "anchor"),
-    ("a$b", 1, "anchor"),
-    ("a\\Zb", 1, "anchor"),
+    ("a$b", 1, "anchor"),  # Python's $ also matches before a final newline: only at the end
+    ("(?m)(^a)", 5, "anchor"),
     ("(?u)a", 2, "flag"),
 ]
 
@@ -298,7 +311,7 @@ def test_unsupported_constructs(pattern: str, position: int, word: str) -> None:
 
 @pytest.mark.parametrize(
     "pattern",
-    ["(?P<a>x)", "\\Z", "\\A", "a{,3}x", "(?=a)", "\\1", "\\k<a>", "\\q", "\\p{Script=Latin}", "\\p{Foo}", "\\pL", "[z-a]", "a**", "\\x4",
+    ["(?P<a>x)", "\\Z", "\\A", "a{,3}x", "\\1", "\\k<a>", "\\q", "\\p{Script=Latin}", "\\p{Foo}", "\\pL", "[z-a]", "a**", "\\x4",
      "\\u{110000}", "\\c1", "(?i)a", "\\00"],
 )
 def test_ecma_rejects(pattern: str) -> None:
@@ -398,6 +411,22 @@ def test_oracle_sampled_strings(data: st.DataObject) -> None:
     s = data.draw(st.from_regex(re.compile(pattern, re.ASCII), fullmatch=True, alphabet="abcAB1 \n._é-"))
     assert ir_fullmatch(regex_to_ir(pattern), s)
     assert ir_fullmatch(regex_to_ir(pattern, mode="search"), "x\n" + s + "\nz")
+
+
+ZERO_WIDTH = ["a^b", "(^a|b)c", "a$|^b", "x(a$|b)", "(^|x)ab", "a\\Zb", "(?:\\Aa|b)", "^(?!ab)[a-c]+$", "(?!ab)[a-c]+",
+              "^(?=a)[a-c]{2}$", "(?!a)b", "^(?!.*aa)[ab]*$", "(?=.*b)(?!.*c)^a", "(?=a)|b"]
+
+
+@pytest.mark.parametrize("pattern", ZERO_WIDTH)
+def test_inner_anchors_and_leading_lookaheads_agree_with_re(pattern: str) -> None:
+    # Python's $ also matches before a final newline (refused inside groups): ECMA's $ is strict
+    # and agrees with re on text without newlines.
+    flavor = "ecma" if "$" in pattern else "python"
+    full, search = regex_to_ir(pattern, flavor=flavor), regex_to_ir(pattern, flavor=flavor, mode="search")
+    words = ["".join(t) for n in range(5) for t in itertools.product("abcx", repeat=n)]
+    for s in words + ([] if flavor == "ecma" else ["a\n", "\nb"]):
+        assert ir_fullmatch(full, s) == (re.fullmatch(pattern, s) is not None), (pattern, s)
+        assert ir_fullmatch(search, s) == (re.search(pattern, s) is not None), (pattern, s)
 
 
 # ---------------------------------------------------------------- random syntax against re

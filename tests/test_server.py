@@ -339,7 +339,7 @@ BAD_REQUESTS = [
     ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}}, 400, ["/properties/a/type", "strin"]),
     ("chat", {"regex": "a(b"}, 400, ["regex", "position 1"]),
     ("chat", {"ebnf": "root ::= foo"}, 400, ["ebnf", "'foo'", "line 1"]),
-    ("chat", {"json_schema": {"type": "string", "pattern": "(?=x)"}}, 400, ["lookahead"]),
+    ("chat", {"json_schema": {"type": "string", "pattern": "(?<=x)"}}, 400, ["lookbehind"]),
     ("chat", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "minProperties": "two"}}}], "tool_choice": "required"}, 400, ["minProperties"]),
     ("chat", {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, 400, ["tool_choice", "'nope'"]),
     ("chat", {"tools": TOOLS, "response_format": {"type": "json_object"}}, 400, ["tool_choice", "auto"]),

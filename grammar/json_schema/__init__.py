@@ -1,39 +1,57 @@
 """JSON Schema (2020-12, plus draft-07 / 2019-09 spellings) -> grammar IR.
 
-Public entry point: :func:`json_schema_to_grammar`. Submodules, one concept each:
-``refs`` (loading, metaschema check, ``$ref`` normalization), ``merge`` (``allOf``),
-``lower`` (the walker and combinators), ``objects``, ``scalars`` (strings and numbers),
-``strings`` (JSON string encoding of character-level constraints), ``numbers`` (digit
-automata), ``formats`` and ``layout`` (whitespace).
+Public entry point: :func:`json_schema_to_grammar`. The data flow, one module per step:
 
-Decisions worth knowing (measured on MaskBench dev samples, byte-level walk of
-``json.dumps(data, ensure_ascii=False)``; the ratchet sample is tests/data/maskbench_json_schema.json):
-- Zero invalidations measured (an invalid instance accepted) on ~450 sampled schemas; about 82-93%
-  of schemas pass fully (sample-dependent), ~1.5% "validation errors" (valid instance rejected),
-  the rest refused or over the automaton budget.
+    refs       load, metaschema check (ECMA regexes), $ref / $dynamicRef normalization
+    denote     schema objects -> denotations (every keyword, combinators included)
+      keywords   the local keywords of one schema object (type, enum/const, each type's own)
+    denot      the denotation algebra: intersection, union, complement, oneOf, a and not b
+      exprs      lazy subschema expressions (Ptr / Const / And / Or / Not) inside conjunctions
+      numsets    number sets (intervals, multiples, non-multiples, excluded points)
+      strsets    string sets (symbolic, folded into char_dfa automata when needed)
+      conjs      array and object conjunctions, their intersection and one-atom negations
+      membership exact membership of a value in a denotation
+    lower      denotations -> IR (memoized per expression and per denotation; cycles -> rules)
+      objects, arrays, strings, numbers, formats, regex_format, layout
+    unique     uniqueItems: small domains as automata, the rest as a matcher check:
+      unique_check   the incremental JSON scanner that bans tokens completing a duplicate item
+      unique_tokens  its per-vocabulary token indexes
+      unique_values  JSON value equality (numbers as decimals and floats, objects unordered)
+
+Decisions worth knowing (MaskBench dev samples, byte-level walk of
+``json.dumps(data, ensure_ascii=False)``; the ratchet is tests/data/maskbench_json_schema.json):
+- Exact or refused. ``allOf`` intersects, ``anyOf`` unites, ``not`` complements, ``oneOf`` is
+  "this branch and none of the others", ``if``/``then``/``else`` is (if and then) or (not if and
+  else): all exact (``denot``). ``unevaluatedProperties`` / ``unevaluatedItems`` are static
+  (``denote``); ``$dynamicRef`` resolves per dynamic scope. ``uniqueItems`` is exact: an
+  automaton of used values for small item domains, otherwise a check in the matcher
+  (``unique_check``). What cannot be complemented exactly (a negated ``uniqueItems`` or
+  ``format``, a union cut to a subset under budget) is refused where a complement is needed.
 - Properties are emitted in ``properties`` order (then ``required`` names not in
   ``properties``); extra keys may sit in any gap. An instance whose keys come in another order is
-  rejected: a restriction of the output language, never an acceptance of invalid output. This is
-  the main source of the validation errors above (schemas with alphabetized ``properties``).
+  rejected: a restriction of the output language, never an acceptance of invalid output.
 - Numbers: the exact JSON grammar. Integers accept ``5``, ``5.0`` and, when unbounded, ``5e+3``;
-  bounded numbers and ``multipleOf: 0.01``-style steps are exact but exponent-free (``1e2`` for
-  ``maximum: 100`` is rejected, a restriction).
+  bounded or otherwise constrained numbers are exact but exponent-free (``1e2`` for
+  ``maximum: 100`` is rejected, a restriction). ``multipleOf`` of any step is exact through a
+  residue automaton (refused past 5,000 residues).
 - Strings: every JSON spelling of each character (raw UTF-8, short escapes, ``\\uXXXX`` in
-  either case, surrogate pairs); lengths count characters. ``maxLength`` next to a ``pattern`` or
-  ``format`` is exact when one repeat carries the slack, else refused.
-- ``format``: the standard formats listed in ``formats`` are enforced; other standard ones are
-  refused; non-standard names are annotations (validators ignore them too).
-- ``nullable`` (OpenAPI) is not JSON Schema: ignored, like jsonschema does.
-- ``oneOf``: a choice when branches are provably disjoint (types, const/enum, required vs
-  forbidden keys), or rewritten as "this branch and not the others" when each branch's negation is
-  expressible; else refused.
+  either case, surrogate pairs); lengths count characters. Several patterns, formats and length
+  bounds intersect exactly through ``char_dfa`` (refused past its state budget).
+- ``format``: every 2020-12 format is enforced, several as safe subsets (``formats``); an unknown
+  name is an annotation (validators ignore it too). ``pattern`` follows ECMA-262; where Python's
+  ``re`` (jsonschema) reads it differently, its complement is taken only over the characters on
+  which both agree.
+- Unions past ``denot.MAX_BRANCHES`` keep their simplest members (a marked subset, never
+  complemented); lowering has a time budget; reference bombs meet MAX_WORK / MAX_NESTING.
+- ``nullable`` (OpenAPI) is not JSON Schema: ignored, like jsonschema does. ``$ref`` siblings
+  always apply (as in 2020-12, stricter than draft-07's "siblings ignored").
 - A keyword that is not enforced exactly raises UnsupportedFeatureError naming it and its JSON
   pointer, unless listed in ``relax_keywords`` (then it is ignored). Annotations
   (``title``, ``description``, ``default``, ``examples``...) and unknown keywords are ignored,
   as the specification says.
-- Indent mode builds containers per depth and stops at depth 32; recursion and reference
-  bombs meet MAX_WORK / MAX_NESTING / MAX_BRANCHES (GrammarBudgetError).
+- Indent mode builds containers per depth and stops at depth 32.
 """
+
 
 from __future__ import annotations
 
@@ -41,10 +59,11 @@ import sys
 from typing import Iterable
 
 from .. import ir
-from ..errors import SchemaError
+from ..errors import GrammarBudgetError, SchemaError
 from .layout import Layout
 from .lower import Lowerer
-from .refs import load_schema, normalize_refs
+from .refs import Dynamic, load_schema, normalize_refs
+from .unique import build_check
 
 __all__ = ["json_schema_to_grammar"]
 
@@ -68,20 +87,25 @@ def json_schema_to_grammar(
     """
     layout = Layout.from_option(whitespace, max_whitespace)
     raw, validator_cls = load_schema(schema)
-    doc = normalize_refs(raw)
-    lowerer = Lowerer(doc, validator_cls, layout, strict_properties, relax_keywords)
+    dynamic = Dynamic()
+    doc = normalize_refs(raw, dynamic)
+    lowerer = Lowerer(doc, validator_cls, layout, strict_properties, relax_keywords, dynamic)
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 20_000))  # the walker recurses once per nested subschema
     try:
-        body = lowerer.value(doc, "", 0)
+        root = lowerer.den.sub("")
+        body = lowerer.value(root, 0)
+        check = build_check(lowerer.den, root) if lowerer.has_unique else None
     finally:
         sys.setrecursionlimit(limit)
     if isinstance(body, ir.Nothing):
+        if lowerer.approximated:
+            raise GrammarBudgetError("schema expands to too many alternatives: the subset kept within budget is empty")
         raise SchemaError("schema is unsatisfiable: no JSON value is valid against it")
     # No whitespace after the document: nothing ever needs it, and a model that pads before EOS
     # only wastes its budget (leading whitespace stays allowed, as some models start with a newline).
     rules: dict[str, ir.Expr] = {"root": ir.seq(layout.outer(), body)}
     rules.update(lowerer.rules)
-    grammar = ir.Grammar(rules, "root", "json_schema")
+    grammar = ir.Grammar(rules, "root", "json_schema", check)
     grammar.validate()
     return grammar

@@ -1,10 +1,17 @@
 """String ``format`` values as character-level IR (exact, or a documented safe restriction).
 
-Each format is written once as a Python-flavor regex over the decoded string and lowered with
-``regex_to_ir``. Where the RFC grammar is larger than what generation needs (``uri``,
-``email``), the expression is a subset: it may reject unusual valid strings but never accepts an
-invalid one. ``date`` knows month lengths and leap years; ``ipv4`` refuses leading zeros like
-Python's ``ipaddress``; times refuse the leap second ``:60``.
+Every format of the 2020-12 format vocabulary is enforced. Most are written once as a
+Python-flavor regex over the decoded string and lowered with ``regex_to_ir``. Where the RFC
+grammar is larger than what generation needs (``uri``, ``iri``, ``email``, ``idn-*``), the
+expression is a subset: it may reject unusual valid strings but never accepts an invalid one.
+``date`` knows month lengths and leap years; ``ipv4`` refuses leading zeros like Python's
+``ipaddress``; times refuse the leap second ``:60``. ``idn-hostname`` is ASCII labels without
+``--`` (no punycode to validate), at most four labels of 62 characters (under the 253-character
+limit). ``regex`` is context-free; ``regex_format`` writes a subset valid in both ECMA-262 and
+Python's ``re``, with groups nested at most three deep (which makes it regular).
+
+Validators check formats with different strictness (some not at all without optional
+libraries), so every format is a lower bound for the algebra: its complement is refused.
 """
 
 from __future__ import annotations
@@ -47,6 +54,18 @@ _URI_CHAR = r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})"
 _URI = rf"[A-Za-z][A-Za-z0-9+.\-]*:{_URI_CHAR}*(?:#{_URI_CHAR}*)?"
 _SEG_NC = r"(?:[A-Za-z0-9\-._~!$&'()*+,;=@]|%[0-9A-Fa-f]{2})"
 _URI_REF = rf"(?:{_URI}|{_SEG_NC}*(?:[/?]{_URI_CHAR}*)?(?:#{_URI_CHAR}*)?)"
+_UCS = r"\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef\U00010000-\U0001fffd"
+_IRI_CHAR = rf"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?{_UCS}]|%[0-9A-Fa-f]{{2}})"
+_IRI = rf"[A-Za-z][A-Za-z0-9+.\-]*:{_IRI_CHAR}*(?:#{_IRI_CHAR}*)?"
+_ISEG_NC = rf"(?:[A-Za-z0-9\-._~!$&'()*+,;=@{_UCS}]|%[0-9A-Fa-f]{{2}})"
+_IRI_REF = rf"(?:{_IRI}|{_ISEG_NC}*(?:[/?]{_IRI_CHAR}*)?(?:#{_IRI_CHAR}*)?)"
+_JSON_POINTER = r"(?:/(?:[^~/]|~[01])*)*"
+_REL_JSON_POINTER = rf"(?:0|[1-9][0-9]*)(?:#|{_JSON_POINTER})"
+_PCT = r"%[0-9A-Fa-f]{2}"
+_VARCHAR = rf"(?:[A-Za-z0-9_]|{_PCT})"
+_VARSPEC = rf"{_VARCHAR}(?:\.?{_VARCHAR})*(?::[1-9][0-9]{{0,3}}|\*)?"
+_TEMPLATE_LITERAL = rf"(?:[\x21\x23\x24\x26\x28-\x3b\x3d\x3f-\x5b\x5d\x5f\x61-\x7a\x7e{_UCS}\ue000-\uf8ff]|{_PCT})"
+_URI_TEMPLATE = rf"(?:{_TEMPLATE_LITERAL}|\{{[+#./;?&=,!@|]?{_VARSPEC}(?:,{_VARSPEC})*\}})*"
 
 FORMAT_REGEXES: dict[str, str] = {
     "date": _DATE,
@@ -60,6 +79,12 @@ FORMAT_REGEXES: dict[str, str] = {
     "uuid": _UUID,
     "uri": _URI,
     "uri-reference": _URI_REF,
+    "iri": _IRI,
+    "iri-reference": _IRI_REF,
+    "json-pointer": _JSON_POINTER,
+    "relative-json-pointer": _REL_JSON_POINTER,
+    "uri-template": _URI_TEMPLATE,
+    "idn-email": _EMAIL,
 }
 
 
@@ -74,6 +99,12 @@ STANDARD_FORMATS = frozenset(FORMAT_REGEXES) | {
 def format_expr(name: str, pointer: str = "") -> ir.Expr | None:
     """Character-level IR of the strings in ``format`` ``name``; None for a name that is not a
     standard format (an annotation); UnsupportedFeatureError for a standard one not implemented."""
+    if name == "idn-hostname":
+        return _idn_hostname()
+    if name == "regex":
+        from .regex_format import regex_format
+
+        return regex_format()
     regex = FORMAT_REGEXES.get(name)
     if regex is None:
         if name not in STANDARD_FORMATS:
@@ -82,3 +113,12 @@ def format_expr(name: str, pointer: str = "") -> ir.Expr | None:
     from ..regex import regex_to_ir
 
     return regex_to_ir(regex, flavor="python", mode="fullmatch")
+
+
+def _idn_hostname() -> ir.Expr:
+    from .. import char_dfa
+    from ..regex import regex_to_ir
+
+    label = char_dfa.intersect(char_dfa.from_ir(regex_to_ir(r"[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*")), char_dfa.lengths(1, 62))
+    one = char_dfa.to_ir(label)
+    return ir.seq(one, ir.repeat(ir.seq(ir.literal("."), one), 0, 3))

@@ -3,12 +3,19 @@
 After :func:`normalize_refs`, every ``$ref`` in the document is ``"#<pointer from the root>"``
 and ``$id`` / ``$anchor`` are gone, so the lowering resolves references with one pointer walk
 and never tracks base URIs. Draft-07 and 2019-09 spellings are accepted alongside 2020-12.
+
+``$dynamicRef`` keeps what its dynamic resolution needs (:class:`Dynamic`): its initial target
+(resolved like ``$ref``), the anchor name when that target carries the same ``$dynamicAnchor``
+(the 2020-12 "bookend"; otherwise it is a plain ``$ref``), and per schema resource the dynamic
+anchors it defines. The lowering binds, for each name, the outermost resource in the dynamic
+scope that defines it.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
@@ -35,19 +42,43 @@ def load_schema(schema: dict | str | bool) -> tuple[Any, type]:
     if not isinstance(schema, (dict, bool)):
         raise SchemaError(f"a schema must be an object or a boolean, got {type(schema).__name__}")
     cls = validators.validator_for(schema, default=jsonschema.Draft202012Validator) if isinstance(schema, dict) else jsonschema.Draft202012Validator
-    try:
-        cls.check_schema(schema)
-    except js_exceptions.SchemaError as exc:
+    error = _check_schema(cls, schema)
+    if error is not None:
         # Schemas in the wild often use draft-07 spellings without saying so.
-        if isinstance(schema, dict) and "$schema" not in schema:
-            try:
-                jsonschema.Draft7Validator.check_schema(schema)
-                return schema, jsonschema.Draft7Validator
-            except js_exceptions.SchemaError:
-                pass
-        where = "/" + "/".join(str(p) for p in exc.path)
-        raise SchemaError(f"invalid schema at {where}: {exc.message}") from exc
+        if isinstance(schema, dict) and "$schema" not in schema and _check_schema(jsonschema.Draft7Validator, schema) is None:
+            return schema, jsonschema.Draft7Validator
+        where = "/" + "/".join(str(p) for p in error.path)
+        raise SchemaError(f"invalid schema at {where}: {error.message}") from error
     return schema, cls
+
+
+def _ecma_regex(text: object) -> bool:
+    """The metaschema's ``format: regex``, checked as ECMA-262 (``pattern``'s dialect), not as
+    Python's ``re``: ``\\p{Letter}`` is valid ECMA. Constructs we refuse still parse as regexes."""
+    from ..errors import RegexSyntaxError
+    from ..regex import regex_to_ir
+
+    if not isinstance(text, str):
+        return True
+    try:
+        regex_to_ir(text, flavor="ecma")
+    except RegexSyntaxError:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+def _check_schema(cls: type, schema: object) -> js_exceptions.SchemaError | None:
+    """The best metaschema error of ``schema`` (None if valid), with ECMA regexes."""
+    checker = copy.copy(cls.FORMAT_CHECKER)
+    checker.checkers = dict(checker.checkers)
+    checker.checkers["regex"] = (_ecma_regex, ())
+    meta = cls(cls.META_SCHEMA, format_checker=checker)
+    error = js_exceptions.best_match(meta.iter_errors(schema))
+    if error is None:
+        return None
+    return js_exceptions.SchemaError.create_from(error)
 
 
 def pointer_escape(token: str) -> str:
@@ -86,20 +117,37 @@ def _subschemas(node: dict, pointer: str):
                     yield child, f"{pointer}/{key}/{pointer_escape(name)}"
 
 
-def normalize_refs(schema: Any) -> Any:
-    """A copy of ``schema`` where each ``$ref`` is a root pointer ``#/...`` (see module doc)."""
+@dataclass
+class Dynamic:
+    """What ``$dynamicRef`` resolution needs (see the module docstring); empty without one."""
+
+    refs: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # node -> (target, anchor name)
+    anchors: dict[str, dict[str, str]] = field(default_factory=dict)  # resource root -> name -> node
+    roots: frozenset[str] = frozenset()  # pointers of the schema resources
+
+    def resource_of(self, pointer: str) -> str:
+        while pointer not in self.roots:
+            pointer = pointer[: pointer.rfind("/")] if pointer else ""
+        return pointer
+
+
+def normalize_refs(schema: Any, dynamic: Dynamic | None = None) -> Any:
+    """A copy of ``schema`` where each ``$ref`` is a root pointer ``#/...`` (see module doc);
+    ``dynamic`` is filled for ``$dynamicRef``."""
     doc = copy.deepcopy(schema)
     if not isinstance(doc, dict):
         return doc
     resources: dict[str, str] = {}  # base URI -> pointer of the resource root
     anchors: dict[tuple[str, str], str] = {}
+    dyn_anchors: dict[str, dict[str, str]] = {}
     refs: list[tuple[dict, str]] = []  # (node, base) whose $ref needs rewriting
+    dyn_refs: list[tuple[dict, str, str]] = []  # (node, base, pointer) with a $dynamicRef
 
     def walk(node: Any, pointer: str, base: str) -> None:
         if not isinstance(node, dict):
             return
         if isinstance(node.get("$id"), str):
-            uri, frag = urldefrag(urljoin(base, node["$id"]))
+            uri, frag = urldefrag(_join(base, node["$id"]))
             if uri:
                 base = uri
                 resources.setdefault(base, pointer)
@@ -108,8 +156,12 @@ def normalize_refs(schema: Any) -> Any:
         for key in ("$anchor", "$dynamicAnchor"):
             if isinstance(node.get(key), str):
                 anchors[(base, node[key])] = pointer
+        if isinstance(node.get("$dynamicAnchor"), str):
+            dyn_anchors.setdefault(resources[base], {})[node["$dynamicAnchor"]] = pointer
         if isinstance(node.get("$ref"), str):
             refs.append((node, base))
+        if isinstance(node.get("$dynamicRef"), str):
+            dyn_refs.append((node, base, pointer))
         for child, child_ptr in _subschemas(node, pointer):
             walk(child, child_ptr, base)
 
@@ -118,12 +170,32 @@ def normalize_refs(schema: Any) -> Any:
     walk(doc, "", root_base)
     for node, base in refs:
         node["$ref"] = "#" + _target(node["$ref"], base, resources, anchors, doc)
+    for node, base, pointer in dyn_refs:
+        ref = node["$dynamicRef"]
+        target = _target(ref, base, resources, anchors, doc)
+        name = unquote(urldefrag(_join(base, ref))[1])
+        node_at = resolve_pointer(doc, target)
+        bookended = bool(name) and not name.startswith("/") and isinstance(node_at, dict) and node_at.get("$dynamicAnchor") == name
+        node["$dynamicRef"] = "#" + target
+        if dynamic is not None:
+            dynamic.refs[pointer] = (target, name if bookended else None)
+    if dynamic is not None:
+        dynamic.anchors = dyn_anchors
+        dynamic.roots = frozenset(resources.values())
     _strip_ids(doc)
     return doc
 
 
+def _join(base: str, ref: str) -> str:
+    """``urljoin``, plus the fragment-only references that ``urljoin`` leaves alone for
+    non-hierarchical bases (``urn:uuid:...``)."""
+    if ref.startswith("#"):
+        return urldefrag(base)[0] + ref
+    return urljoin(base, ref)
+
+
 def _target(ref: str, base: str, resources: dict[str, str], anchors: dict[tuple[str, str], str], doc: Any) -> str:
-    uri, frag = urldefrag(urljoin(base, ref))
+    uri, frag = urldefrag(_join(base, ref))
     if uri not in resources:
         raise UnsupportedFeatureError(f"$ref {ref!r} points outside the schema document (remote references are not fetched)")
     frag = unquote(frag)

@@ -84,9 +84,12 @@ def encode_value(expr: ir.Expr) -> ir.Expr:
         return ir.choice(*(encode_value(e) for e in expr.items))
     if isinstance(expr, ir.Repeat):
         return ir.repeat(encode_value(expr.item), expr.min, expr.max)
+    if isinstance(expr, ir.Graph):
+        return ir.Graph(expr.start, expr.finals, tuple((a, encode_value(x), b) for a, x, b in expr.edges))
     raise UnsupportedFeatureError(f"cannot JSON-encode a {type(expr).__name__} inside a string constraint")
 
 
+@lru_cache(maxsize=4096)
 def quoted(value_expr: ir.Expr) -> ir.Expr:
     """A JSON string whose decoded value is in the character-level language ``value_expr``."""
     return ir.seq(QUOTE, encode_value(value_expr), QUOTE)
@@ -144,7 +147,61 @@ def length_bounds(expr: ir.Expr) -> tuple[int, int | None]:
     if isinstance(expr, ir.Repeat):
         a, b = length_bounds(expr.item)
         return a * expr.min, None if expr.max is None or b is None else b * expr.max
+    if isinstance(expr, ir.Graph):
+        return _graph_length_bounds(expr)
     raise UnsupportedFeatureError(f"cannot measure the length of a {type(expr).__name__}")
+
+
+def _graph_length_bounds(g: ir.Graph) -> tuple[int, int | None]:
+    """Shortest and longest path (in characters) from start to a final state; None if a cycle
+    on some accepting path makes lengths unbounded."""
+    spans = {(a, b): length_bounds(x) for a, x, b in g.edges}
+    out: dict[int, list[tuple[int, int, int | None]]] = {}
+    for (a, b), (lo, hi) in spans.items():
+        out.setdefault(a, []).append((b, lo, hi))
+    shortest = {g.start: 0}
+    changed = True
+    while changed:  # Bellman-Ford on non-negative weights: at most |nodes| rounds
+        changed = False
+        for a, edges in out.items():
+            if a in shortest:
+                for b, lo, _ in edges:
+                    if shortest[a] + lo < shortest.get(b, 1 << 62):
+                        shortest[b] = shortest[a] + lo
+                        changed = True
+    finals = [f for f in g.finals if f in shortest]
+    if not finals:
+        return 0, 0
+    # Longest path by an iterative depth-first search (graphs can have thousands of states):
+    # unbounded when a cycle or an unbounded edge lies on a path to a final state.
+    longest: dict[int, int | None] = {}  # -1: no final reachable
+    on_path: set[int] = set()
+    stack: list[tuple[int, int]] = [(g.start, 0)]
+    low = min(shortest[f] for f in finals)
+    while stack:
+        a, i = stack.pop()
+        edges = out.get(a, [])
+        if i == 0:
+            on_path.add(a)
+        if i < len(edges):
+            stack.append((a, i + 1))
+            b = edges[i][0]
+            if b in on_path:
+                return low, None
+            if b not in longest:
+                stack.append((b, 0))
+            continue
+        best: int | None = 0 if a in g.finals else -1
+        for b, _, hi in edges:
+            rest = longest[b]
+            if rest is not None and rest < 0:
+                continue
+            if rest is None or hi is None:
+                return low, None
+            best = max(best, hi + rest)  # type: ignore[type-var]
+        longest[a] = best
+        on_path.discard(a)
+    return low, longest[g.start]
 
 
 def restrict_length(expr: ir.Expr, lo: int, hi: int | None, keyword: str) -> ir.Expr:

@@ -1,0 +1,221 @@
+"""JSON-Schema-Test-Suite score: formcast (and the anchors) on the official suite's tests.
+
+The suite is not vendored: pass the path of a checkout (``--suite``; its ``tests/draft2020-12``
+folder, or that folder itself). Every test group (one schema, several instances) is compiled once;
+each instance, serialised as ``json.dumps(data, ensure_ascii=False)`` (MaskBench's spelling), is
+scored on its own:
+
+- correct: accepted iff the suite says valid;
+- valid rejected / **invalid accepted**;
+- refused: the engine refused the schema (its compile error), so none of its instances ran;
+- timeout / crash: per group.
+
+A compile error that says the schema is unsatisfiable (formcast: "no JSON value is valid
+against it") is an answer, not a refusal: the engine accepts nothing, so each instance the suite
+calls invalid is correct and each one it calls valid is a valid instance rejected. ``--strict``
+counts those groups as refused instead.
+
+``--tokenizer bytes`` (the default) runs formcast alone in this process over the byte-level
+vocabulary: the compiled language itself, quick enough to iterate on. ``--tokenizer smollm2`` or
+``qwen2`` runs formcast, llguidance and xgrammar token by token through MaskBench's worker pool
+(``bench/maskbench.py``: same adapters, timeouts and crash isolation).
+
+    python bench/schema_suite.py --suite /path/to/JSON-Schema-Test-Suite
+    python bench/schema_suite.py --suite ... --tokenizer smollm2 --engines formcast,llguidance,xgrammar --jobs 2
+    python bench/schema_suite.py --suite ... --show refused      # refusals by keyword
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+OUTCOMES = ("correct", "valid rejected", "invalid accepted", "refused", "timeout", "crash")
+
+
+def load_suite(path: Path, optional: bool) -> list[dict]:
+    """MaskBench-style records, one per test group: ``{"id", "schema", "tests": [{"valid", "data"}]}``."""
+    folder = path / "tests" / "draft2020-12" if (path / "tests").is_dir() else path
+    if not folder.is_dir():
+        raise SystemExit(f"no draft2020-12 tests under {path}")
+    files = sorted(folder.glob("*.json"))
+    if optional:
+        files += sorted(p for p in (folder / "optional").rglob("*.json"))
+    records = []
+    for f in files:
+        for i, group in enumerate(json.loads(f.read_text(encoding="utf-8"))):
+            name = str(f.relative_to(folder))
+            records.append({"id": f"{name}#{i}", "schema": group["schema"], "description": group["description"],
+                            "tests": [{"valid": t["valid"], "data": t["data"], "description": t["description"]} for t in group["tests"]]})
+    return records
+
+
+# ---------------------------------------------------------------------------- bytes (formcast only)
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(*_: Any) -> None:
+    raise _Timeout()
+
+
+def run_bytes(records: list[dict], timeout: float) -> list[dict]:
+    """formcast over the byte-level vocabulary, in process: one result per group (MaskBench shape)."""
+    from grammar import GrammarError, GrammarMatcher, TokenVocabulary
+    from grammar.compiler import compile_grammar
+    from grammar.json_schema import json_schema_to_grammar
+
+    vocab = TokenVocabulary.byte_level()
+    old = signal.signal(signal.SIGALRM, _alarm)
+    results = []
+    try:
+        for rec in records:
+            out: dict[str, Any] = {"id": rec["id"], "engine": "formcast"}
+            signal.setitimer(signal.ITIMER_REAL, timeout)
+            try:
+                compiled = compile_grammar(json_schema_to_grammar(rec["schema"]), vocab)
+                failures = []
+                for i, test in enumerate(rec["tests"]):
+                    m = GrammarMatcher(compiled)
+                    text = json.dumps(test["data"], ensure_ascii=False).encode("utf-8")
+                    ok = m.accept_bytes(text) and m.can_terminate()
+                    if ok != test["valid"]:
+                        failures.append({"kind": "validation" if test["valid"] else "invalidation", "test": i})
+                out.update(status="pass" if not failures else "fail", failures=failures)
+            except GrammarError as exc:
+                out.update(status="compile", error=f"{type(exc).__name__}: {exc}")
+            except _Timeout:
+                out.update(status="timeout", error=f"over {timeout:g} s")
+            except RecursionError as exc:
+                out.update(status="crash", error=f"RecursionError: {exc}")
+            except Exception as exc:  # an engine bug: counted, not fatal to the run
+                out.update(status="crash", error=f"{type(exc).__name__}: {exc}")
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            results.append(out)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    return results
+
+
+# ---------------------------------------------------------------------------- tokens (with anchors)
+def run_tokens(records: list[dict], engines: list[str], args: argparse.Namespace) -> list[dict]:
+    import maskbench
+
+    tasks = [(e, r) for r in records for e in engines]
+    results: list[dict] = []
+    t0 = time.monotonic()
+
+    def sink(result: dict) -> None:
+        results.append(result)
+        if len(results) % 100 == 0:
+            print(f"  {len(results)}/{len(tasks)} done, {time.monotonic() - t0:.0f} s", file=sys.stderr)
+
+    maskbench.run_pool(tasks, engines, args, sink)
+    return results
+
+
+# ---------------------------------------------------------------------------- scoring
+def score(records: list[dict], results: list[dict], strict: bool = False) -> dict[str, dict[str, list[tuple[str, int]]]]:
+    """engine -> outcome -> [(group id, test index)]."""
+    by_id = {r["id"]: r for r in records}
+    table: dict[str, dict[str, list[tuple[str, int]]]] = {}
+    for res in results:
+        rec = by_id[res["id"]]
+        cells = table.setdefault(res["engine"], {o: [] for o in OUTCOMES})
+        n = len(rec["tests"])
+        status = res["status"]
+        if status == "compile" and not strict and "unsatisfiable" in res.get("error", "").lower():
+            for i, t in enumerate(rec["tests"]):
+                cells["valid rejected" if t["valid"] else "correct"].append((rec["id"], i))
+            continue
+        if status in ("compile", "timeout", "crash"):
+            key = "refused" if status == "compile" else status
+            cells[key] += [(rec["id"], i) for i in range(n)]
+            continue
+        bad = {f["test"]: f["kind"] for f in res.get("failures", [])}
+        for i in range(n):
+            kind = bad.get(i)
+            key = "correct" if kind is None else "valid rejected" if kind == "validation" else "invalid accepted"
+            cells[key].append((rec["id"], i))
+    return table
+
+
+def report(records: list[dict], results: list[dict], show: set[str], strict: bool = False) -> str:
+    table = score(records, results, strict)
+    engines = list(table)
+    total = sum(len(r["tests"]) for r in records)
+    lines = [f"tests: {total} in {len(records)} groups", "", "| outcome | " + " | ".join(engines) + " |",
+             "| --- |" + " ---: |" * len(engines)]
+    for o in OUTCOMES:
+        cell = f"**{o}**" if o == "invalid accepted" else o
+        lines.append(f"| {cell} | " + " | ".join(str(len(table[e][o])) for e in engines) + " |")
+    by_id = {r["id"]: r for r in records}
+    for e in engines:
+        for o in ("invalid accepted", "valid rejected"):
+            if o in show or o == "invalid accepted":
+                for gid, i in table[e][o]:
+                    t = by_id[gid]["tests"][i]
+                    lines.append(f"  {e} {o}: {gid} test {i} ({t['description']}): {json.dumps(t['data'])[:100]}")
+        if "refused" in show:
+            import maskbench
+
+            errors = Counter()
+            for res in results:
+                unsat = "unsatisfiable" in res.get("error", "").lower() and not strict
+                if res["engine"] == e and res["status"] in ("compile", "timeout", "crash") and not unsat:
+                    key = maskbench._keyword_of(res.get("error", "")) if res["status"] == "compile" else res["status"]
+                    errors[key] += len(by_id[res["id"]]["tests"])
+            lines.append(f"\n{e}: tests lost to refusals, by keyword")
+            lines += [f"  {n:5d}  {k}" for k, n in errors.most_common()]
+        if "groups" in show:
+            lines.append(f"\n{e}: groups not fully correct")
+            for res in results:
+                if res["engine"] == e and res["status"] != "pass":
+                    lines.append(f"  {res['id']}: {res['status']} {res.get('error', '')[:150]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--suite", type=Path, required=True, help="JSON-Schema-Test-Suite checkout (or its tests/draft2020-12)")
+    ap.add_argument("--optional", action="store_true", help="also the optional/ tests (formats, bignum, ...)")
+    ap.add_argument("--only", help="substring of the file names to run (e.g. 'oneOf')")
+    ap.add_argument("--tokenizer", choices=("bytes", "smollm2", "qwen2"), default="bytes")
+    ap.add_argument("--engines", default="formcast", help="with a tokenizer: formcast,llguidance,xgrammar")
+    ap.add_argument("--timeout", type=float, default=30.0, help="seconds per group and engine")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--show", default="", help="comma list: refused, groups, valid rejected")
+    ap.add_argument("--out", type=Path, help="write the per-group results as JSON lines")
+    ap.add_argument("--strict", action="store_true", help="count 'unsatisfiable' compile errors as refusals")
+    args = ap.parse_args(argv)
+    records = load_suite(args.suite, args.optional)
+    if args.only:
+        records = [r for r in records if args.only in r["id"]]
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if args.tokenizer == "bytes":
+        if engines != ["formcast"]:
+            ap.error("--tokenizer bytes runs formcast only; pick smollm2 or qwen2 for the anchors")
+        results = run_bytes(records, args.timeout)
+    else:
+        args.max_minutes = None
+        results = run_tokens(records, engines, args)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            for r in results:
+                f.write(json.dumps({k: v for k, v in r.items() if k != "tbm_us"}) + "\n")
+    print(report(records, results, {s.strip() for s in args.show.split(",") if s.strip()}, args.strict))
+
+
+if __name__ == "__main__":
+    main()
