@@ -59,9 +59,9 @@ class LazyAutomaton:
         self.accepting = np.zeros(cap, dtype=bool)
         self.exits = np.zeros(cap, dtype=bool)
         self.expanded = np.zeros(cap, dtype=bool)
-        # Per-state facts computed by the token-mask layer (string-like regions), cached here so
-        # they live exactly as long as the automaton.
-        self.region_cache: dict[int, object] = {}
+        # (table, exits) as one object, replaced whole when the arrays grow: a walk running
+        # without the lock reads both from the same generation.
+        self._arrays = (self.table, self.exits)
         root = self._intern_stack(nfa.rule_start[nfa.root_rule], EMPTY_STACK)
         self.initial_state = self._config_for([root])
         if self.initial_state == DEAD:
@@ -263,11 +263,17 @@ class LazyAutomaton:
         self.accepting = np.concatenate([self.accepting, np.zeros(cap - len(self.accepting), dtype=bool)])
         self.exits = np.concatenate([self.exits, np.zeros(cap - len(self.exits), dtype=bool)])
         self.expanded = np.concatenate([self.expanded, np.zeros(cap - len(self.expanded), dtype=bool)])
+        self._arrays = (self.table, self.exits)
 
     # ------------------------------------------------------------------ transitions
     @property
     def num_states(self) -> int:
         return len(self._configs)
+
+    def transition_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(table, exits) of one generation, for walks that read them without the lock. Rows
+        not expanded yet hold UNEXPANDED; a row is complete before ``expanded`` says so."""
+        return self._arrays
 
     def expand(self, state: int) -> None:
         """Compute the full transition row of ``state`` (idempotent)."""
@@ -315,6 +321,14 @@ class LazyAutomaton:
         return state >= 0 and bool(self.accepting[state])
 
     # ------------------------------------------------------------------ introspection
+    def frame(self, sid: int) -> tuple[int, int]:
+        """(NFA state, parent stack id) of the interned stack ``sid``."""
+        return self._stacks[sid]
+
+    def config_stacks(self, state: int) -> frozenset[int]:
+        """The kernel stack ids of configuration ``state``."""
+        return self._configs[state]
+
     def stacks_of(self, state: int) -> list[list[int]]:
         """The NFA-state stacks (top first) of a configuration, for debugging and tests."""
         out = []

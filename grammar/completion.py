@@ -63,13 +63,13 @@ class CompletionDistance:
 
     def stack_distance(self, sid: int) -> int:
         chain = []
-        stacks = self.automaton._stacks
+        frame = self.automaton.frame
         while sid >= 0 and sid not in self._stack_dist:
             chain.append(sid)
-            sid = stacks[sid][1]
+            sid = frame(sid)[1]
         total = self._stack_dist.get(sid, 0) if sid >= 0 else 0
         for x in reversed(chain):
-            total = min(INF, total + self.state_dist[stacks[x][0]])
+            total = min(INF, total + self.state_dist[frame(x)[0]])
             self._stack_dist[x] = total
         return total
 
@@ -83,7 +83,7 @@ class CompletionDistance:
         if a.accepting[state]:
             dist = 0
         else:
-            dist = min((self.stack_distance(s) for s in a._configs[state]), default=INF)
+            dist = min((self.stack_distance(s) for s in a.config_stacks(state)), default=INF)
         self._config_dist[state] = dist
         return dist
 
