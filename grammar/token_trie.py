@@ -86,7 +86,7 @@ def build_trie(token_bytes: list[bytes], ids: list[int], vocab_size: int, eos_id
     offsets = np.zeros(len(toks), dtype=np.int64)
     if len(toks) > 1:
         offsets[1:] = np.cumsum(lengths[:-1], dtype=np.int64)
-    flat = np.frombuffer(b"".join(toks), dtype=np.uint8)
+    flat = np.frombuffer(b"".join(toks), dtype=np.uint8).copy()  # writable: the kernels' signature
     sorted_ids = np.array([ids[j] for j in keep], dtype=np.int32)
     in_trie = lengths <= MAX_TRIE_DEPTH
     words, first_pos = build_trie_nodes(flat, offsets, lengths, sorted_ids, int(in_trie.sum()))
