@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
@@ -56,24 +55,22 @@ class AutomatonBudget:
 Closure = tuple[tuple[int, ...], bool, bool]
 
 
-class MoveGroups(NamedTuple):
-    """An NFA state's byte moves: on byte class c it moves to ``targets[g]`` for each (c, g) of
-    ``moves`` (sparse: most states move on one class)."""
-
-    moves: tuple[tuple[int, int], ...]  # (byte class, group), by class
-    targets: tuple[tuple[int, ...], ...]
-    pattern: int  # states whose ``moves`` are equal share this id
-
-
-class RowLayout(NamedTuple):
-    """How a configuration's row falls into *blocks*: bytes on which every node moves alike.
-    Depends only on the nodes' move patterns, so it is shared by every configuration whose tops
-    move alike (each step of a counted repetition, say)."""
-
-    block_of: list[int]  # byte -> block, or -1 where no node moves
-    moves: list[tuple[tuple[int, int], ...]]  # block -> (index of a moving node, its group), ...
-    bytes_of: list[np.ndarray | None]  # block -> its bytes (filled on first use)
-    dead: np.ndarray  # the bytes on which no node moves
+# Per-NFA-state moves and per-configuration row layouts are plain tuples of ints, tuples and
+# arrays, for the same reason as closures: there are thousands of them per grammar, and plain
+# tuples leave the garbage collector's tracking (a full collection walks every tracked object of
+# the process; the fewer long-lived tracked objects a mask leaves behind, the rarer those stalls).
+#
+# Moves of an NFA state: (moves, targets, pattern, width). On byte class c it moves to
+# targets[g] for each (c, g) in ``moves`` (sparse: most states move on one class); states with
+# equal ``moves`` share the ``pattern`` id; ``width`` counts the bytes it moves on.
+MoveGroups = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, ...], ...], int, int]
+_MOVES, _TARGETS, _PATTERN, _WIDTH = range(4)
+# Layout of a configuration's row: (block_of, moves, bytes_of, dead). A *block* is a set of
+# bytes on which the same nodes move by the same groups: block_of[byte] is its block (-1: no
+# node moves), moves[k] the (index of a moving node, its group) pairs of block k, bytes_of[k]
+# its bytes, dead the bytes on which nothing moves. It depends only on the nodes' move
+# patterns, so configurations whose tops move alike (each step of a counted repetition) share it.
+RowLayout = tuple[tuple[int, ...], tuple[tuple[tuple[int, int], ...], ...], tuple[np.ndarray, ...], np.ndarray]
 
 
 class LazyAutomaton:
@@ -129,6 +126,7 @@ class LazyAutomaton:
         cuts = np.flatnonzero(bounds)
         self.byte_class = (np.cumsum(bounds[:256]) - 1).astype(np.int32)
         self.num_classes = len(cuts) - 1
+        self._class_sizes = np.diff(cuts).tolist()
 
     def _move_groups(self, q: int) -> MoveGroups:
         """Moves of NFA state ``q`` grouped by target set, built on first use: most NFA states of
@@ -143,7 +141,8 @@ class LazyAutomaton:
             index: dict[tuple[int, ...], int] = {}
             moves = tuple((c, index.setdefault(tuple(sorted(set(ts))), len(index))) for c, ts in sorted(by_class.items()))
             pattern = self._patterns.setdefault(moves, len(self._patterns))
-            groups = self._groups[q] = MoveGroups(moves, tuple(index), pattern)
+            width = sum(self._class_sizes[c] for c, _ in moves)
+            groups = self._groups[q] = (moves, tuple(index), pattern, width)
         return groups
 
     # ------------------------------------------------------------------ interning
@@ -368,12 +367,12 @@ class LazyAutomaton:
         with self.lock:
             if self.expanded[state]:
                 return
-            layout = self._layout(state)
-            targets = [self._block_target(state, layout, k) for k in range(len(layout.moves))]
+            _, moves, bytes_of, dead = layout = self._layout(state)
+            targets = [self._block_target(state, layout, k) for k in range(len(moves))]
             table = self.table  # after the targets: interning them may have grown it
-            table[state, layout.dead] = DEAD
-            for k, target in enumerate(targets):
-                table[state, self._block_bytes(layout, k)] = target
+            table[state, dead] = DEAD
+            for block, target in zip(bytes_of, targets):
+                table[state, block] = target
             self.expanded[state] = True
 
     def resolve(self, state: int, byte: int) -> int:
@@ -392,37 +391,32 @@ class LazyAutomaton:
             by_state.setdefault(state, set()).add(byte)
         with self.lock:
             for state, byte_set in by_state.items():
-                layout = self._layout(state)
-                block_of = layout.block_of
-                table = self.table
+                block_of, _, bytes_of, dead = layout = self._layout(state)
                 for k in {block_of[b] for b in byte_set}:
                     if k < 0:
-                        table[state, layout.dead] = DEAD
-                        continue
-                    block = self._block_bytes(layout, k)
-                    if table[state, block[0]] == UNEXPANDED:
+                        self.table[state, dead] = DEAD
+                    elif self.table[state, bytes_of[k][0]] == UNEXPANDED:
                         target = self._block_target(state, layout, k)
-                        table = self.table  # interning may have grown it
-                        table[state, block] = target
+                        self.table[state, bytes_of[k]] = target  # (interning may have grown the table)
 
     def _resolve_locked(self, state: int, byte: int) -> int:
         target = int(self.table[state, byte])
         if target != UNEXPANDED:
             return target
-        layout = self._layout(state)
-        k = layout.block_of[byte]
+        block_of, _, bytes_of, dead = layout = self._layout(state)
+        k = block_of[byte]
         if k < 0:
-            self.table[state, layout.dead] = DEAD
+            self.table[state, dead] = DEAD
             return DEAD
         target = self._block_target(state, layout, k)
-        self.table[state, self._block_bytes(layout, k)] = target
+        self.table[state, bytes_of[k]] = target
         return target
 
     def _layout(self, state: int) -> RowLayout:
         layout = self._config_layouts[state]
         if layout is None:
             groups = [self._move_groups(self._nodes[n][0]) for n in self._configs[state]]
-            key = tuple(g.pattern for g in groups)
+            key = tuple(g[_PATTERN] for g in groups)
             layout = self._layouts.get(key)
             if layout is None:
                 layout = self._layouts[key] = self._row_layout(groups)
@@ -434,25 +428,19 @@ class LazyAutomaton:
         proportion to the nodes' moves, not nodes x classes)."""
         by_class: dict[int, list[tuple[int, int]]] = {}
         for i, g in enumerate(groups):
-            for c, group in g.moves:
+            for c, group in g[_MOVES]:
                 by_class.setdefault(c, []).append((i, group))
         block_ids: dict[tuple[tuple[int, int], ...], int] = {}
         block_of_class = [-1] * self.num_classes
         for c, moving in by_class.items():
             block_of_class[c] = block_ids.setdefault(tuple(moving), len(block_ids))
         block_of = np.array(block_of_class, dtype=np.int32)[self.byte_class]
-        return RowLayout(block_of.tolist(), list(block_ids), [None] * len(block_ids), np.flatnonzero(block_of < 0))
-
-    @staticmethod
-    def _block_bytes(layout: RowLayout, k: int) -> np.ndarray:
-        found = layout.bytes_of[k]
-        if found is None:
-            found = layout.bytes_of[k] = np.flatnonzero(np.array(layout.block_of) == k)
-        return found
+        bytes_of = tuple(np.flatnonzero(block_of == k) for k in range(len(block_ids)))
+        return tuple(block_of.tolist()), tuple(block_ids), bytes_of, np.flatnonzero(block_of < 0)
 
     def _block_target(self, state: int, layout: RowLayout, k: int) -> int:
         nodes = self._configs[state]
-        moving = tuple((nodes[i], g) for i, g in layout.moves[k])
+        moving = tuple((nodes[i], g) for i, g in layout[1][k])
         target = self._step_configs.get(moving)
         if target is None:
             target = self._step_configs[moving] = self._config_after(moving)
@@ -481,7 +469,7 @@ class LazyAutomaton:
         step = self._node_steps.get(key)
         if step is None:
             q, pid = self._nodes[nid]
-            targets = self._move_groups(q).targets[gid]
+            targets = self._move_groups(q)[_TARGETS][gid]
             if len(targets) == 1:
                 step = self._closure(self._node(targets[0], pid))
             else:
@@ -513,6 +501,24 @@ class LazyAutomaton:
 
     def is_accepting(self, state: int) -> bool:
         return state >= 0 and bool(self.accepting[state])
+
+    # ------------------------------------------------------------------ parts
+    def independent_parts(self, state: int, wide: int) -> list[int]:
+        """``state`` split into configurations of its nodes grouped by parent set, when there
+        are several groups and one of them has a node moving on at least ``wide`` bytes (a
+        string body beside literals, say); else []. A token is allowed in a configuration iff
+        it is allowed in one of its parts, so masks can be computed part by part: the string
+        part alone is string-like (and shares its mask across grammars), the others stay small."""
+        nodes = self._configs[state]
+        if len(nodes) < 2:
+            return []
+        groups: dict[int, list[int]] = {}
+        for n in nodes:
+            groups.setdefault(self._nodes[n][1], []).append(n)
+        if len(groups) < 2 or not any(self._move_groups(self._nodes[n][0])[_WIDTH] >= wide for n in nodes):
+            return []
+        with self.lock:
+            return [self._intern_config(tuple(group), False, False) for group in groups.values()]
 
     # ------------------------------------------------------------------ introspection
     def frame(self, nid: int) -> tuple[int, tuple[int, ...]]:

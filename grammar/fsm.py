@@ -46,6 +46,14 @@ class ByteNFA:
     def num_states(self) -> int:
         return len(self.eps)
 
+    def freeze(self) -> None:
+        """Turn the per-state edge lists into tuples once built: the NFA lives as long as its
+        compiled grammar, and tuples of ints drop out of the garbage collector's tracking where
+        three lists per state would be walked by every full collection of the process."""
+        self.eps = tuple(tuple(e) for e in self.eps)  # type: ignore[assignment]
+        self.byte_edges = tuple(tuple(e) for e in self.byte_edges)  # type: ignore[assignment]
+        self.calls = tuple(tuple(c) for c in self.calls)  # type: ignore[assignment]
+
 
 @functools.lru_cache(maxsize=4096)
 def class_byte_sequences(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
@@ -431,4 +439,5 @@ def build_nfa(grammar: ir.Grammar, max_states: int = 2_000_000, max_seconds: flo
         sys.setrecursionlimit(limit)
     _check_left_recursion(builder.nfa)
     builder.nfa.recursive = bool(builder.recursive)
+    builder.nfa.freeze()
     return builder.nfa
