@@ -60,11 +60,11 @@ Closure = tuple[tuple[int, ...], bool, bool]
 # tuples leave the garbage collector's tracking (a full collection walks every tracked object of
 # the process; the fewer long-lived tracked objects a mask leaves behind, the rarer those stalls).
 #
-# Moves of an NFA state: (moves, targets, pattern, width). On byte class c it moves to
-# targets[g] for each (c, g) in ``moves`` (sparse: most states move on one class); states with
-# equal ``moves`` share the ``pattern`` id; ``width`` counts the bytes it moves on.
-MoveGroups = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, ...], ...], int, int]
-_MOVES, _TARGETS, _PATTERN, _WIDTH = range(4)
+# Moves of an NFA state: (moves, targets, pattern). On byte class c it moves to targets[g] for
+# each (c, g) in ``moves`` (sparse: most states move on one class); states with equal ``moves``
+# share the ``pattern`` id.
+MoveGroups = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, ...], ...], int]
+_MOVES, _TARGETS, _PATTERN = range(3)
 # Layout of a configuration's row: (block_of, moves, bytes_of, dead). A *block* is a set of
 # bytes on which the same nodes move by the same groups: block_of[byte] is its block (-1: no
 # node moves), moves[k] the (index of a moving node, its group) pairs of block k, bytes_of[k]
@@ -126,7 +126,6 @@ class LazyAutomaton:
         cuts = np.flatnonzero(bounds)
         self.byte_class = (np.cumsum(bounds[:256]) - 1).astype(np.int32)
         self.num_classes = len(cuts) - 1
-        self._class_sizes = np.diff(cuts).tolist()
 
     def _move_groups(self, q: int) -> MoveGroups:
         """Moves of NFA state ``q`` grouped by target set, built on first use: most NFA states of
@@ -141,8 +140,7 @@ class LazyAutomaton:
             index: dict[tuple[int, ...], int] = {}
             moves = tuple((c, index.setdefault(tuple(sorted(set(ts))), len(index))) for c, ts in sorted(by_class.items()))
             pattern = self._patterns.setdefault(moves, len(self._patterns))
-            width = sum(self._class_sizes[c] for c, _ in moves)
-            groups = self._groups[q] = (moves, tuple(index), pattern, width)
+            groups = self._groups[q] = (moves, tuple(index), pattern)
         return groups
 
     # ------------------------------------------------------------------ interning
@@ -501,24 +499,6 @@ class LazyAutomaton:
 
     def is_accepting(self, state: int) -> bool:
         return state >= 0 and bool(self.accepting[state])
-
-    # ------------------------------------------------------------------ parts
-    def independent_parts(self, state: int, wide: int) -> list[int]:
-        """``state`` split into configurations of its nodes grouped by parent set, when there
-        are several groups and one of them has a node moving on at least ``wide`` bytes (a
-        string body beside literals, say); else []. A token is allowed in a configuration iff
-        it is allowed in one of its parts, so masks can be computed part by part: the string
-        part alone is string-like (and shares its mask across grammars), the others stay small."""
-        nodes = self._configs[state]
-        if len(nodes) < 2:
-            return []
-        groups: dict[int, list[int]] = {}
-        for n in nodes:
-            groups.setdefault(self._nodes[n][1], []).append(n)
-        if len(groups) < 2 or not any(self._move_groups(self._nodes[n][0])[_WIDTH] >= wide for n in nodes):
-            return []
-        with self.lock:
-            return [self._intern_config(tuple(group), False, False) for group in groups.values()]
 
     # ------------------------------------------------------------------ introspection
     def frame(self, nid: int) -> tuple[int, tuple[int, ...]]:

@@ -8,10 +8,7 @@ route that applies:
    every grammar of the vocabulary, plus a check of the few tokens that leave the string;
 2. **deep state of a recursive grammar**: the shared mask of its top stack frames, plus a check
    of the tokens that could pop below them against the real stack (``LazyAutomaton.truncate``);
-3. **a free string beside other alternatives** (a key under ``additionalProperties`` next to the
-   named keys): the union of the rows of its independent parts (``LazyAutomaton.independent_parts``),
-   so the string part takes route 1 and the rest walks without dragging the string along;
-4. otherwise the **trie walk** (``token_walk.walk_trie``).
+3. otherwise the **trie walk** (``token_walk.walk_trie``).
 
 :class:`VocabularyMasks` is the per-vocabulary, process-wide part (the trie and the region
 splits, bounded by bytes); :class:`GrammarMasks` the per-grammar part (rows by state, bounded
@@ -28,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .lru import ByteLRU
-from .regions import MIN_LOOP_BYTES, Region, RegionSplit, find_region, region_mask, split_region
+from .regions import Region, RegionSplit, find_region, region_mask, split_region
 from .token_trie import TokenTrie
 from .token_walk import ALLOWED, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie
 from .vocab import TokenVocabulary
@@ -116,22 +113,10 @@ class GrammarMasks:
         elif self._may_truncate(state):
             bits, route = self._truncated_mask(state), "truncated"
         if bits is None:
-            parts = self.automaton.independent_parts(state, MIN_LOOP_BYTES)
-            if parts:
-                bits, route = self._union_of(parts), "union"
-        if bits is None:
             bits, route = walk_trie(self.trie, self.automaton, state).bits, "walk"
         self.routes[route] += 1
         if self.automaton.accepting[state]:
             np.bitwise_or.at(bits, self._eos_words, self._eos_bits)
-        return bits
-
-    def _union_of(self, parts: list[int]) -> np.ndarray:
-        """A configuration's tokens are those of any of its parts (a token is allowed iff some
-        stack accepts it): the union of the parts' rows."""
-        bits = self.row(parts[0]).view(np.uint32).copy()
-        for part in parts[1:]:
-            bits |= self.row(part).view(np.uint32)
         return bits
 
     def region_of(self, state: int) -> Region | None:
