@@ -34,7 +34,11 @@ sys.path.append(str(ROOT))  # after PYTHONPATH: an older checkout placed first i
 sys.path.append(str(ROOT / "bench"))
 
 PHASES: dict[str, list[str]] = {
-    "determinize": ["grammar.automaton.LazyAutomaton.expand"],
+    "determinize": [
+        "grammar.automaton.LazyAutomaton.expand",
+        "grammar.automaton.LazyAutomaton.resolve",
+        "grammar.automaton.LazyAutomaton.resolve_many",
+    ],
     "stacks": [
         "grammar.automaton.LazyAutomaton.truncate",
         "grammar.automaton.LazyAutomaton.max_depth",

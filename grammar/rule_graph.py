@@ -1,0 +1,244 @@
+"""What the NFA builder needs to know about a grammar's rules, found in one pass over the IR.
+
+Front ends build IR as a DAG with heavy sharing (the same string body under every property), so
+everything here visits each distinct node once, without recursion however deep the nesting:
+
+- which rules each rule references (undefined references are errors), and which rules lie on a
+  reference cycle (those are called through the parser stack, never inlined);
+- how often each composite subexpression and each rule reference occurs (big repeated pieces are
+  built once and called);
+- left recursion (a rule reaching itself before consuming input), refused with a clear error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import ir
+from .errors import GrammarError
+
+_COMPOSITE = (ir.Seq, ir.Choice, ir.Repeat)
+_NO_REFS: frozenset[str] = frozenset()
+
+
+@dataclass
+class RuleGraph:
+    refs: dict[str, frozenset[str]]  # rule -> the rules its body references
+    recursive: set[str]  # rules on a reference cycle
+    occurrences: dict[ir.Expr, int]  # composite subexpression (by value) -> times it occurs as a child
+    ref_counts: dict[str, int]  # rule -> times it is referenced
+    components: list[list[str]]  # strongly connected components, callees before callers
+
+    @classmethod
+    def of(cls, grammar: ir.Grammar) -> "RuleGraph":
+        refs, occurrences, ref_counts = _scan(grammar)
+        if grammar.root not in grammar.rules:
+            raise GrammarError(f"root rule {grammar.root!r} is not defined")
+        for name, used in refs.items():
+            for ref in sorted(used):
+                if ref not in grammar.rules:
+                    raise GrammarError(f"rule {name!r} references undefined rule {ref!r}")
+        components = _components(refs)
+        recursive = {name for c in components for name in c if len(c) > 1 or name in refs[name]}
+        graph = cls(refs, recursive, occurrences, ref_counts, components)
+        graph.check_left_recursion(grammar)
+        return graph
+
+    def check_left_recursion(self, grammar: ir.Grammar) -> None:
+        """Refuse a grammar where a rule reachable from the root can reach itself before
+        consuming a byte (its parser stack would grow without bound)."""
+        reachable = self._reachable(grammar.root)
+        components = [[n for n in c if n in reachable] for c in self.components]
+        nullable = _nullable_rules(grammar, [c for c in components if c], self.recursive)
+        memo: dict[int, bool] = {}
+        left = {name: _left_refs(grammar.rules[name], nullable, memo) for name in reachable}
+        for name in sorted(reachable):
+            seen: set[str] = set()
+            todo = list(left[name])
+            while todo:
+                x = todo.pop()
+                if x == name:
+                    raise GrammarError(
+                        f"rule {name!r} is left-recursive (it can reach itself without consuming input); "
+                        "rewrite it with repetition, e.g. `a ::= b (op b)*`"
+                    )
+                if x not in seen:
+                    seen.add(x)
+                    todo.extend(left[x])
+
+    def _reachable(self, root: str) -> set[str]:
+        seen, todo = {root}, [root]
+        while todo:
+            for ref in self.refs[todo.pop()]:
+                if ref not in seen:
+                    seen.add(ref)
+                    todo.append(ref)
+        return seen
+
+
+def _children(e: ir.Expr) -> tuple[ir.Expr, ...]:
+    if isinstance(e, (ir.Seq, ir.Choice)):
+        return e.items
+    if isinstance(e, ir.Repeat):
+        return (e.item,)
+    return ()
+
+
+def _scan(grammar: ir.Grammar) -> tuple[dict[str, frozenset[str]], dict[ir.Expr, int], dict[str, int]]:
+    """Referenced rules per rule (bottom-up sets per distinct node), occurrence counts."""
+    node_refs: dict[int, frozenset[str]] = {}
+    occurrences: dict[ir.Expr, int] = {}
+    ref_counts: dict[str, int] = {}
+    keep_alive = []  # ids are only unique while the nodes live
+    for body in grammar.rules.values():
+        stack: list[tuple[ir.Expr, bool]] = [(body, False)]
+        while stack:
+            e, done = stack.pop()
+            key = id(e)
+            if key in node_refs:
+                continue
+            if isinstance(e, ir.Ref):
+                node_refs[key] = frozenset((e.name,))
+                keep_alive.append(e)
+                continue
+            children = _children(e)
+            if not children:
+                node_refs[key] = _NO_REFS
+                keep_alive.append(e)
+                continue
+            if not done:
+                stack.append((e, True))
+                stack.extend((c, False) for c in children if id(c) not in node_refs)
+                continue
+            found: set[str] = set()
+            for child in children:
+                found |= node_refs[id(child)]
+                if isinstance(child, _COMPOSITE):
+                    occurrences[child] = occurrences.get(child, 0) + 1
+                elif isinstance(child, ir.Ref):
+                    ref_counts[child.name] = ref_counts.get(child.name, 0) + 1
+            node_refs[key] = frozenset(found) if found else _NO_REFS
+            keep_alive.append(e)
+        if isinstance(body, ir.Ref):
+            ref_counts[body.name] = ref_counts.get(body.name, 0) + 1
+    return {name: node_refs[id(body)] for name, body in grammar.rules.items()}, occurrences, ref_counts
+
+
+def _components(refs: dict[str, frozenset[str]]) -> list[list[str]]:
+    """Strongly connected components of the reference graph, each after every component it
+    references (Tarjan's algorithm, iterative)."""
+    graph = {name: sorted(r for r in used if r in refs) for name, used in refs.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    result: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, i = work.pop()
+            if i == 0:
+                index[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack.add(node)
+            children = graph[node]
+            if i < len(children):
+                work.append((node, i + 1))
+                child = children[i]
+                if child not in index:
+                    work.append((child, 0))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == node:
+                        break
+                result.append(component)
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+    return result
+
+
+def _nullable_rules(grammar: ir.Grammar, components: list[list[str]], recursive: set[str]) -> set[str]:
+    """Rules that match the empty string: components in dependency order, each iterated to its
+    fixpoint (a rule found nullable can make another of its component nullable)."""
+    nullable: set[str] = set()
+    final: dict[int, bool] = {}  # nodes under rules of finished components never change again
+    for component in components:
+        if len(component) == 1 and component[0] not in recursive:
+            # Not recursive: every Ref in the body points to a finished component.
+            if _nullable(grammar.rules[component[0]], nullable, final):
+                nullable.add(component[0])
+            continue
+        changed = True
+        while changed:
+            changed = False
+            memo: dict[int, bool] = {}  # valid for one round: a rule found nullable changes its Refs
+            for name in component:
+                if name not in nullable and _nullable(grammar.rules[name], nullable, memo):
+                    nullable.add(name)
+                    changed = True
+    return nullable
+
+
+
+def _nullable(expr: ir.Expr, nullable_rules: set[str], memo: dict[int, bool]) -> bool:
+    """Whether ``expr`` matches the empty string, given which rules do (post-order, no recursion)."""
+    stack: list[tuple[ir.Expr, bool]] = [(expr, False)]
+    while stack:
+        e, done = stack.pop()
+        if id(e) in memo:
+            continue
+        children = _children(e)
+        if children and not done:
+            stack.append((e, True))
+            stack.extend((c, False) for c in children if id(c) not in memo)
+            continue
+        if isinstance(e, ir.Empty):
+            value = True
+        elif isinstance(e, ir.Ref):
+            value = e.name in nullable_rules
+        elif isinstance(e, ir.Seq):
+            value = all(memo[id(c)] for c in e.items)
+        elif isinstance(e, ir.Choice):
+            value = any(memo[id(c)] for c in e.items)
+        elif isinstance(e, ir.Repeat):
+            value = e.min == 0 or memo[id(e.item)]
+        else:  # Literal (never empty once built), byte and character classes, Nothing
+            value = isinstance(e, ir.Literal) and not e.data
+        memo[id(e)] = value
+    return memo[id(expr)]
+
+
+def _left_refs(expr: ir.Expr, nullable_rules: set[str], memo: dict[int, bool]) -> set[str]:
+    """Rules that ``expr`` can reference before consuming a byte."""
+    found: set[str] = set()
+    seen: set[int] = set()
+    todo = [expr]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ir.Ref):
+            found.add(e.name)
+        elif isinstance(e, ir.Seq):
+            for item in e.items:
+                todo.append(item)
+                if not _nullable(item, nullable_rules, memo):
+                    break
+        elif isinstance(e, ir.Choice):
+            todo.extend(e.items)
+        elif isinstance(e, ir.Repeat) and e.max != 0:
+            todo.append(e.item)
+    return found
