@@ -16,6 +16,8 @@ import functools
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from . import ir
 from .errors import GrammarBudgetError
 from .rule_graph import RuleGraph
@@ -46,6 +48,13 @@ class ByteNFA:
     def num_states(self) -> int:
         return len(self.eps)
 
+    def arrays(self) -> "NFAArrays":
+        """The NFA in compressed-row form for the compiled determinizer (built once)."""
+        cached = self.__dict__.get("_arrays")
+        if cached is None:
+            cached = self.__dict__["_arrays"] = NFAArrays.of(self)
+        return cached
+
     def freeze(self) -> None:
         """Turn the per-state edge lists into tuples once built: the NFA lives as long as its
         compiled grammar, and tuples of ints drop out of the garbage collector's tracking where
@@ -53,6 +62,47 @@ class ByteNFA:
         self.eps = tuple(tuple(e) for e in self.eps)  # type: ignore[assignment]
         self.byte_edges = tuple(tuple(e) for e in self.byte_edges)  # type: ignore[assignment]
         self.calls = tuple(tuple(c) for c in self.calls)  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class NFAArrays:
+    """A :class:`ByteNFA` as int32 arrays: edges of state q at [ptr[q], ptr[q + 1])."""
+
+    e_ptr: np.ndarray
+    e_lo: np.ndarray
+    e_hi: np.ndarray
+    e_dst: np.ndarray
+    eps_ptr: np.ndarray
+    eps_dst: np.ndarray
+    call_ptr: np.ndarray
+    call_callee: np.ndarray
+    call_ret: np.ndarray
+    final_rule: np.ndarray
+    rule_start: np.ndarray
+    tail_ret: np.ndarray  # bool: a final state with no way on (a call returning here is in tail position)
+    has_edges: np.ndarray  # bool
+
+    @classmethod
+    def of(cls, nfa: "ByteNFA") -> "NFAArrays":
+        e_ptr, edges = _csr(nfa.byte_edges, 3)
+        eps_ptr, eps = _csr([[(t,) for t in e] for e in nfa.eps], 1)
+        call_ptr, calls = _csr(nfa.calls, 2)
+        final_rule = np.array(nfa.final_rule, dtype=np.int32)
+        has_edges = np.diff(e_ptr) > 0
+        tail_ret = (final_rule >= 0) & ~has_edges & (np.diff(eps_ptr) == 0) & (np.diff(call_ptr) == 0)
+        return cls(
+            e_ptr, edges[:, 0].copy(), edges[:, 1].copy(), edges[:, 2].copy(), eps_ptr, eps[:, 0].copy(),
+            call_ptr, calls[:, 0].copy(), calls[:, 1].copy(), final_rule,
+            np.array(nfa.rule_start, dtype=np.int32), tail_ret, has_edges,
+        )
+
+
+def _csr(rows, width: int) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int32, count=len(rows))
+    ptr = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=ptr[1:])
+    flat = np.array([x for r in rows for x in r], dtype=np.int32).reshape(-1, width)
+    return ptr, flat
 
 
 @functools.lru_cache(maxsize=4096)

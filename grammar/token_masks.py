@@ -60,8 +60,29 @@ def vocabulary_masks(vocab: TokenVocabulary) -> VocabularyMasks:
     with _VOCABULARIES_LOCK:
         shared = _VOCABULARIES.get(vocab.fingerprint)
         if shared is None:
-            shared = _VOCABULARIES[vocab.fingerprint] = VocabularyMasks(vocab, TokenTrie.from_vocab(vocab))
+            shared = VocabularyMasks(vocab, TokenTrie.from_vocab(vocab))
+            _warm_up(shared)
+            _VOCABULARIES[vocab.fingerprint] = shared
         return shared
+
+
+def _warm_up(shared: VocabularyMasks) -> None:
+    """Run every mask route once on a tiny grammar, so numba loads each compiled function
+    (tens of milliseconds apiece) during per-vocabulary setup, not in a request's first masks."""
+    from . import ir
+    from .automaton import LazyAutomaton
+    from .fsm import build_nfa
+
+    text = ir.star(ir.char_class([(0x20, 0x21), (0x23, 0x10FFFF)]))
+    nested = ir.Grammar({"root": ir.choice(ir.seq(ir.literal('"'), text, ir.literal('"')),
+                                           ir.seq(ir.literal("["), ir.Ref("root"), ir.literal("]")))})
+    nfa = build_nfa(nested)
+    automaton = LazyAutomaton(nfa)
+    masks = GrammarMasks(automaton, shared, recursive=nfa.recursive, cache_bytes=1 << 20)
+    for prefix in (b"", b'"', b"[[[[[", b'[[[[["'):
+        state = automaton.step_bytes(automaton.initial_state, prefix)
+        masks.compute(state)
+    masks.allowed_with_end_states(automaton.initial_state)
 
 
 @dataclass(frozen=True, eq=False)
