@@ -110,6 +110,7 @@ def _scan(grammar: ir.Grammar) -> tuple[dict[str, frozenset[str]], dict[ir.Expr,
                 stack.append((e, True))
                 stack.extend((c, False) for c in children if id(c) not in node_refs)
                 continue
+            hash(e)  # children first: hashes are cached per node, so none recurses deeply
             found: set[str] = set()
             for child in children:
                 found |= node_refs[id(child)]
