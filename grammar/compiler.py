@@ -5,7 +5,8 @@ using the same constraint: the lazy byte automaton, the vocabulary trie and the 
 cache only grow. Per-request state lives in ``GrammarMatcher``.
 
 Compilation does only parsing and NFA construction; determinization and masks happen on demand,
-so time to first mask is parse + NFA + the first state's trie walk.
+so time to first mask is parse + NFA + the first state's trie walk (an eager precompute of the
+first states' masks is available through ``CompileBudget.eager_mask_seconds``, off by default).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from .token_masks import GrammarMasks, vocabulary_masks
 from .vocab import TokenVocabulary
 
 
-# Grammars whose NFA has at most this many states have their masks computed eagerly.
+# With CompileBudget.eager_mask_seconds > 0, grammars whose NFA has at most this many states
+# have the masks of their states nearest the start computed at compile time.
 EAGER_MAX_NFA_STATES = 1500
 # Budget-aware masks look this many tokens ahead; a larger remaining budget counts as unlimited.
 BUDGET_HORIZON = 512
@@ -39,7 +41,9 @@ class CompileBudget:
     max_nfa_states: int = 2_000_000
     max_compile_seconds: float = 20.0
     # Time spent at compile time computing masks of the states nearest the start (0: all lazy).
-    eager_mask_seconds: float = 0.2
+    # Off by default: with the compiled walk a cold mask costs less than the precompute adds to
+    # time to first mask (BENCHMARKS.md, issue 10: regexes and MaskBench, TTFM + walk time).
+    eager_mask_seconds: float = 0.0
     max_automaton_states: int = 250_000
     max_stack_depth: int = 50_000
     max_mask_cache_bytes: int = 64 << 20
@@ -79,7 +83,6 @@ class CompiledGrammar:
         self._max_after: dict[int, int] = {}
         self._lock = threading.Lock()  # guards the lazily built completion distances
         self.eos_token_ids = frozenset(vocab.eos_token_ids)
-        # Small automata (most regexes) get all their masks up front; big ones stay lazy.
         if self.budget.eager_mask_seconds > 0 and self.nfa.num_states <= EAGER_MAX_NFA_STATES:
             self.masks.precompute(time.monotonic() + self.budget.eager_mask_seconds)
 

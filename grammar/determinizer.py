@@ -614,6 +614,25 @@ def step_bytes(c, cfg, data):  # pragma: no cover
     return cfg
 
 
+@njit(cache=True, nogil=True)
+def row_shape(c, cfg):  # pragma: no cover
+    """(status, bytes looping back to ``cfg``, lowest live byte, highest live byte) of its row,
+    computing the row first: what region detection asks of every state it sees."""
+    status = expand_row(c, cfg)
+    if status < 0:
+        return status, 0, -1, -1
+    loops, lo, hi = 0, -1, -1
+    for b in range(256):
+        t = c.table[cfg, b]
+        if t == cfg:
+            loops += 1
+        if t >= 0:
+            if lo < 0:
+                lo = b
+            hi = b
+    return 0, loops, lo, hi
+
+
 # ---------------------------------------------------------------------------------- truncation
 
 

@@ -26,7 +26,7 @@ from .token_walk import ALLOWED, StaticTable, add_duplicates, check_tokens, rang
 # A state is string-like when it loops on at least this many bytes...
 MIN_LOOP_BYTES = 64
 # ...and its split is used when the tokens leaving the region are at most this share.
-MAX_EXCEPTION_SHARE = 0.3
+MAX_EXCEPTION_SHARE = 0.8
 # A region is at most this many states (the loop and its UTF-8 middle states).
 MAX_REGION = 12
 EXIT = -3
@@ -64,18 +64,13 @@ class RegionSplit:
 
 def find_region(automaton, state: int) -> Region | None:
     """The region ``state`` belongs to (as its looping state or a UTF-8 middle state), or None."""
-    automaton.expand(state)
-    row = automaton.table[state]
-    if int((row == state).sum()) >= MIN_LOOP_BYTES:
+    loops, lo, hi = automaton.row_shape(state)
+    if loops >= MIN_LOOP_BYTES:
         return _region_from(automaton, state)
-    live = np.flatnonzero(row >= 0)
-    if not len(live) or live.min() < 0x80 or live.max() >= 0xC0:
+    if lo < 0x80 or hi >= 0xC0:  # (also when nothing is live: lo == -1)
         return None
     home = _home_after_continuations(automaton, state)
-    if home is None:
-        return None
-    automaton.expand(home)
-    if int((automaton.table[home] == home).sum()) < MIN_LOOP_BYTES:
+    if home is None or automaton.row_shape(home)[0] < MIN_LOOP_BYTES:
         return None
     region = _region_from(automaton, home)
     if region is None or state not in region.states:

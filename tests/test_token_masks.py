@@ -148,3 +148,25 @@ def test_region_splits_are_shared_across_grammars():
     assert second.masks.routes["region"] == 1
     assert splits.hits > before_hits and len(splits) == before_size, "the split should come from the shared cache"
     assert np.array_equal(row, ReferenceWalk(vocab).row(second.automaton, m2.state))
+
+
+def test_eager_precompute_fills_the_rows_the_walk_would():
+    """With an eager budget, small automata get their rows at compile time; they must be the
+    rows the lazy route computes."""
+    vocab = synthetic_vocab(5, size=1500)
+    g = ir.Grammar({"root": ir.seq(ir.literal("id="), ir.repeat(ir.char_class([(48, 57)]), 2, 4), ir.optional(JSON_STRING))})
+    eager = compile_grammar(g, vocab, budget=CompileBudget(eager_mask_seconds=5.0))
+    assert sum(eager.masks.routes.values()) >= 5, "rows should have been computed at compile time"
+    computed = sum(eager.masks.routes.values())
+    lazy = compile_grammar(g, vocab, budget=CompileBudget(eager_mask_seconds=0))
+    assert sum(lazy.masks.routes.values()) == 0
+    rng = random.Random(5)
+    m_eager, m_lazy = GrammarMatcher(eager), GrammarMatcher(lazy)
+    for _ in range(8):
+        assert np.array_equal(eager.token_mask(m_eager.state), lazy.token_mask(m_lazy.state))
+        ids = [t for t in np.flatnonzero(ReferenceWalk(vocab).allowed(lazy.automaton, m_lazy.state))]
+        if not ids:
+            break
+        token = int(rng.choice(ids))
+        assert m_eager.accept_token(token) and m_lazy.accept_token(token)
+    assert sum(eager.masks.routes.values()) == computed, "the walk should have found every row precomputed"
