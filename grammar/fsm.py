@@ -150,7 +150,10 @@ class _Builder:
         self.rule_index: dict[str, int] = {}
         graph = RuleGraph.of(grammar)  # validates references, refuses left recursion
         self.recursive = graph.recursive
-        self.occurrences, self.ref_counts = graph.occurrences, graph.ref_counts
+        self.ref_counts = graph.ref_counts
+        self.repeated = graph.repeated  # ids of composite nodes whose value occurs more than once
+        self._graph = graph  # keeps the nodes behind those ids alive
+        self._shared_ids: dict[int, int] = {}  # id of a repeated expression -> its rule index
         self._size_memo: dict[int, int] = {}
         self._size_keep: list[ir.Expr] = []  # ids in _size_memo stay unique while these live
         self._inline_memo: dict[str, bool] = {}
@@ -207,19 +210,22 @@ class _Builder:
             self._build_one(e, s, t, work)
 
     def _build_one(self, e: ir.Expr, s: int, t: int, work: list) -> None:
-        kind = type(e)
-        if kind in _SHAREABLE and self.occurrences.get(e, 0) > 1 and self.size(e) >= SHARE_MIN_STATES:
+        if id(e) in self.repeated and self.size(e) >= SHARE_MIN_STATES:
             self._call_shared(e, s, t)
             return
-        self._dispatch[kind](self, e, s, t, work)
+        self._dispatch[type(e)](self, e, s, t, work)
 
     def _call_shared(self, e: ir.Expr, s: int, t: int) -> None:
-        """A call edge to the one rule built for ``e`` (created on first use)."""
-        name = self.shared_rules.get(e)
-        if name is None:
-            name = self.shared_rules[e] = f"__shared{len(self.shared_rules)}"
-            self.bodies[name] = e
-        self.nfa.calls[s].append((self.rule(name), t))
+        """A call edge to the one rule built for ``e`` (created on first use; value-equal
+        expressions share it, looked up by identity first: hashing deep IR is not free)."""
+        rule = self._shared_ids.get(id(e))
+        if rule is None:
+            name = self.shared_rules.get(e)
+            if name is None:
+                name = self.shared_rules[e] = f"__shared{len(self.shared_rules)}"
+                self.bodies[name] = e
+            rule = self._shared_ids[id(e)] = self.rule(name)
+        self.nfa.calls[s].append((rule, t))
 
     def _empty(self, e: ir.Empty, s: int, t: int, work: list) -> None:
         self.nfa.eps[s].append(t)
@@ -384,9 +390,6 @@ class _Builder:
                 ok = size < SHARE_MIN_STATES or (self.ref_counts.get(name, 0) <= 1 and size <= INLINE_MAX_STATES)
             self._inline_memo[name] = ok
         return ok
-
-
-_SHAREABLE = (ir.Seq, ir.Choice, ir.Repeat)
 
 
 def build_nfa(grammar: ir.Grammar, max_states: int = 2_000_000, max_seconds: float | None = None) -> ByteNFA:

@@ -5,8 +5,8 @@ everything here visits each distinct node once, without recursion however deep t
 
 - which rules each rule references (undefined references are errors), and which rules lie on a
   reference cycle (those are called through the parser stack, never inlined);
-- how often each composite subexpression and each rule reference occurs (big repeated pieces are
-  built once and called);
+- which composite subexpressions occur more than once (by value: big repeated pieces are built
+  once and called) and how often each rule is referenced;
 - left recursion (a rule reaching itself before consuming input), refused with a clear error.
 """
 
@@ -25,13 +25,14 @@ _NO_REFS: frozenset[str] = frozenset()
 class RuleGraph:
     refs: dict[str, frozenset[str]]  # rule -> the rules its body references
     recursive: set[str]  # rules on a reference cycle
-    occurrences: dict[ir.Expr, int]  # composite subexpression (by value) -> times it occurs as a child
+    repeated: set[int]  # ids of composite nodes whose value occurs more than once as a child
     ref_counts: dict[str, int]  # rule -> times it is referenced
     components: list[list[str]]  # strongly connected components, callees before callers
+    nodes: list[ir.Expr]  # every distinct node (keeps the ids above meaningful)
 
     @classmethod
     def of(cls, grammar: ir.Grammar) -> "RuleGraph":
-        refs, occurrences, ref_counts = _scan(grammar)
+        refs, repeated, ref_counts, nodes = _scan(grammar)
         if grammar.root not in grammar.rules:
             raise GrammarError(f"root rule {grammar.root!r} is not defined")
         for name, used in refs.items():
@@ -40,19 +41,23 @@ class RuleGraph:
                     raise GrammarError(f"rule {name!r} references undefined rule {ref!r}")
         components = _components(refs)
         recursive = {name for c in components for name in c if len(c) > 1 or name in refs[name]}
-        graph = cls(refs, recursive, occurrences, ref_counts, components)
-        graph.check_left_recursion(grammar)
+        graph = cls(refs, recursive, repeated, ref_counts, components, nodes)
+        if recursive:  # left recursion needs a reference cycle
+            graph.check_left_recursion(grammar)
         return graph
 
     def check_left_recursion(self, grammar: ir.Grammar) -> None:
         """Refuse a grammar where a rule reachable from the root can reach itself before
         consuming a byte (its parser stack would grow without bound)."""
-        reachable = self._reachable(grammar.root)
+        # Left refs are needed for recursive rules only, and their nullability depends only on
+        # the rules those reach: the rest of a big schema stays out of the fixpoint.
+        reachable = self._reachable_from(self.recursive & self._reachable_from({grammar.root}))
         components = [[n for n in c if n in reachable] for c in self.components]
         nullable = _nullable_rules(grammar, [c for c in components if c], self.recursive)
         memo: dict[int, bool] = {}
-        left = {name: _left_refs(grammar.rules[name], nullable, memo) for name in reachable}
-        for name in sorted(reachable):
+        # A left cycle runs through rules of one reference cycle: only those need their left refs.
+        left = {name: _left_refs(grammar.rules[name], nullable, memo) for name in reachable & self.recursive}
+        for name in sorted(left):
             seen: set[str] = set()
             todo = list(left[name])
             while todo:
@@ -64,10 +69,10 @@ class RuleGraph:
                     )
                 if x not in seen:
                     seen.add(x)
-                    todo.extend(left[x])
+                    todo.extend(left.get(x, ()))
 
-    def _reachable(self, root: str) -> set[str]:
-        seen, todo = {root}, [root]
+    def _reachable_from(self, roots: set[str]) -> set[str]:
+        seen, todo = set(roots), list(roots)
         while todo:
             for ref in self.refs[todo.pop()]:
                 if ref not in seen:
@@ -84,10 +89,13 @@ def _children(e: ir.Expr) -> tuple[ir.Expr, ...]:
     return ()
 
 
-def _scan(grammar: ir.Grammar) -> tuple[dict[str, frozenset[str]], dict[ir.Expr, int], dict[str, int]]:
-    """Referenced rules per rule (bottom-up sets per distinct node), occurrence counts."""
+def _scan(grammar: ir.Grammar) -> tuple[dict[str, frozenset[str]], set[int], dict[str, int], list[ir.Expr]]:
+    """Referenced rules per rule (bottom-up sets per distinct node), the ids of composite nodes
+    whose value occurs more than once as a child, how often each rule is referenced."""
     node_refs: dict[int, frozenset[str]] = {}
-    occurrences: dict[ir.Expr, int] = {}
+    canon: dict[ir.Expr, ir.Expr] = {}  # value -> the first node seen with it
+    canon_of: dict[int, int] = {}  # node id -> id of its value's first node
+    count: dict[int, int] = {}  # id of a value's first node -> times the value occurs as a child
     ref_counts: dict[str, int] = {}
     keep_alive = []  # ids are only unique while the nodes live
     for body in grammar.rules.values():
@@ -110,19 +118,26 @@ def _scan(grammar: ir.Grammar) -> tuple[dict[str, frozenset[str]], dict[ir.Expr,
                 stack.append((e, True))
                 stack.extend((c, False) for c in children if id(c) not in node_refs)
                 continue
-            hash(e)  # children first: hashes are cached per node, so none recurses deeply
-            found: set[str] = set()
+            found = _NO_REFS
             for child in children:
-                found |= node_refs[id(child)]
+                refs = node_refs[id(child)]
+                if refs:
+                    found = found | refs
                 if isinstance(child, _COMPOSITE):
-                    occurrences[child] = occurrences.get(child, 0) + 1
+                    # Children are done before their parents, so hashing a child never recurses
+                    # deeper than its own children.
+                    first = canon_of.get(id(child))
+                    if first is None:
+                        first = canon_of[id(child)] = id(canon.setdefault(child, child))
+                    count[first] = count.get(first, 0) + 1
                 elif isinstance(child, ir.Ref):
                     ref_counts[child.name] = ref_counts.get(child.name, 0) + 1
-            node_refs[key] = frozenset(found) if found else _NO_REFS
+            node_refs[key] = found
             keep_alive.append(e)
         if isinstance(body, ir.Ref):
             ref_counts[body.name] = ref_counts.get(body.name, 0) + 1
-    return {name: node_refs[id(body)] for name, body in grammar.rules.items()}, occurrences, ref_counts
+    repeated = {nid for nid, first in canon_of.items() if count[first] > 1}
+    return {name: node_refs[id(body)] for name, body in grammar.rules.items()}, repeated, ref_counts, keep_alive
 
 
 def _components(refs: dict[str, frozenset[str]]) -> list[list[str]]:
