@@ -38,7 +38,7 @@ VOCABS = ("smollm2", "qwen2")
 
 def load_tokenizer(name: str) -> tuple[Any, Any]:
     """``(hf_tokenizer, TokenVocabulary)`` for ``smollm2`` (49,152 tokens) or ``qwen2`` (151,646)."""
-    from engine.tokenizers import load_default_tokenizer, load_qwen2_tokenizer
+    from engine.hf.tokenizers import load_default_tokenizer, load_qwen2_tokenizer
     from grammar import TokenVocabulary
 
     if name == "smollm2":

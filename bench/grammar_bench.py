@@ -43,7 +43,7 @@ SAMPLES = {
 
 
 def load_vocab(name: str):
-    from engine.tokenizers import load_default_tokenizer, load_qwen2_tokenizer
+    from engine.hf.tokenizers import load_default_tokenizer, load_qwen2_tokenizer
     from grammar import TokenVocabulary
 
     tok = load_default_tokenizer() if name == "smollm2" else load_qwen2_tokenizer()

@@ -137,8 +137,10 @@ def bench_gpu_apply(density: float) -> None:
     from xgrammar.kernels.apply_token_bitmask_inplace_triton import apply_token_bitmask_inplace_triton as xg_triton
 
     print(f"\n## Bitmask apply, CUDA ({torch.cuda.get_device_name()}), mask density {density} (us per call)\n")
-    print("| batch | vocab | dtype | formcast triton | xgrammar triton | ratio |")
-    print("| ---: | ---: | --- | ---: | ---: | ---: |")
+    from kernels.bitmask_triton import apply_token_bitmask_inplace_triton
+
+    print("| batch | vocab | dtype | formcast triton | xgrammar triton | ratio | masked stores | whole tiles |")
+    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for dtype in (torch.float32, torch.bfloat16):
         for batch in BATCHES:
             for vocab in VOCABS:
@@ -146,7 +148,11 @@ def bench_gpu_apply(density: float) -> None:
                 bitmask = random_bitmask(batch, vocab, density, "cuda")
                 ours = best_time_us(lambda: apply_token_bitmask_inplace(logits, bitmask), sync=True)
                 xg = best_time_us(lambda: xg_triton(logits, bitmask), sync=True)
-                print(f"| {batch} | {vocab} | {str(dtype)[6:]} | {ours:.1f} | {xg:.1f} | {ours / xg:.2f} |", flush=True)
+                variants = [
+                    best_time_us(lambda: apply_token_bitmask_inplace_triton(logits, bitmask, None, vocab, full), sync=True)
+                    for full in (False, True)
+                ]
+                print(f"| {batch} | {vocab} | {str(dtype)[6:]} | {ours:.1f} | {xg:.1f} | {ours / xg:.2f} | {variants[0]:.1f} | {variants[1]:.1f} |", flush=True)
 
 
 def main() -> None:

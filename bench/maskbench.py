@@ -215,7 +215,7 @@ ENGINES = {e.name: e for e in (FormcastEngine, LLGuidanceEngine, XGrammarEngine,
 
 def load_tokenizer(which: str) -> Any:
     sys.path.insert(0, str(ROOT))
-    from engine.tokenizers import load_default_tokenizer, load_qwen2_tokenizer
+    from engine.hf.tokenizers import load_default_tokenizer, load_qwen2_tokenizer
 
     return load_qwen2_tokenizer() if which == "qwen2" else load_default_tokenizer()
 

@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=20)
     args = ap.parse_args()
     import grammar
-    from engine.tokenizers import load_qwen2_tokenizer
+    from engine.hf.tokenizers import load_qwen2_tokenizer
     from grammar.api import clear_cache
     from maskbench import load_records
 

@@ -1,22 +1,35 @@
-"""formcast.engine: composes ``grammar`` (constraints -> masks) and ``kernels`` (masks -> logits).
+"""formcast.engine: composes ``grammar`` (constraints -> masks) and ``kernels`` (masks -> logits)
+into a batched generation engine.
 
-Data flow of one constrained decoding step, as built today on top of Hugging Face ``generate``
-(``hf_processor.py``); formcast's own ModelRunner/scheduler will follow the same order:
+Data flow::
 
-    SamplingParams (sampling_params.py)        validated request options, incl. json_schema/regex/ebnf
-      -> grammar.compile_*(..., vocab)          CompiledGrammar, cached per constraint + vocabulary
-      -> GrammarMatcher per request             per-request automaton state
-    each step:
-      matcher.fill_next_token_bitmask(row)      int32 [B, ceil(V/32)], through a torch tensor's .numpy()
-      kernels.apply_token_bitmask_inplace       disallowed logits -> -inf (Triton on GPU, torch on CPU)
-      Sampler (sampling/)                       penalties, temperature, top-k/top-p/min-p, seeds, logprobs
-      matcher.accept_token(next_id)             advance; EOS accepted only where the grammar may end
+    Engine.generate(prompt, SamplingParams(json_schema | regex | ebnf | structural_tag, ...))
+      entrypoints/engine.py     tokenize + validate in the caller's thread -> Req
+      constrained/              GrammarBackend: constraint -> CompiledGrammar (worker pool, cached)
+      managers/scheduler.py     continuous batching: admission, chunked prefill, radix prefix cache,
+                                retraction; ScheduleBatch -> ForwardBatch (tensors only)
+      model_executor/           ModelRunner.forward: models/ + layers/ over the paged KV (mem_cache/)
+      (meanwhile, a worker thread: each constrained row's matcher fills its bitmask row)
+      sampling/                 Sampler: bitmask (kernels.apply_token_bitmask_inplace), penalties,
+                                temperature / top-k / top-p / min-p, seeds, logprobs
+      managers/output_processor matcher.accept_token, finish reasons, jump-forward
+      managers/detokenizer.py   incremental text deltas -> the caller (sync or asyncio)
 
-Entry points: ``hf_processor.FormcastLogitsProcessor`` / ``generate_constrained`` (a drop-in for
-``transformers``), ``cli.main`` (``formcast generate``), ``model_files.load_model_and_tokenizer``
-(the embedded SmolLM2-135M-Instruct, converted once to a Hugging Face folder).
+``hf/`` serves ``transformers`` users (a drop-in ``LogitsProcessor`` on the same grammar backend,
+the embedded model's files, offline tokenizers). ``entrypoints/cli.py`` is ``formcast``;
+``entrypoints/http_server.py`` is ``formcast serve``, the OpenAI-compatible server over one Engine
+(``serving_chat.py`` / ``serving_completions.py`` map requests onto ``SamplingParams`` through
+``to_sampling_params``, ``tool_calls.py`` constrains and parses tool calls).
 """
 
 from .sampling_params import SamplingParams, to_sampling_params
 
-__all__ = ["SamplingParams", "to_sampling_params"]
+__all__ = ["Engine", "SamplingParams", "to_sampling_params"]
+
+
+def __getattr__(name: str):  # Engine pulls in torch and the model code: load it when asked
+    if name == "Engine":
+        from .entrypoints.engine import Engine
+
+        return Engine
+    raise AttributeError(name)

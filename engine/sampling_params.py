@@ -225,7 +225,8 @@ def to_sampling_params(request: dict[str, Any]) -> SamplingParams:
     * ``tool_choice`` with ``tools``: ``"none"``/``"auto"``/absent add no constraint (a free choice
       between text and a call depends on the chat template's call syntax, which is the chat
       layer's concern); ``"required"`` constrains the output to a JSON array of at least one
-      ``{"name": <tool name>, "arguments": <that tool's parameters>}``; a named function
+      ``{"name": <tool name>, "arguments": <that tool's parameters>}`` (exactly one when
+      ``parallel_tool_calls`` is false); a named function
       (``{"type": "function", "function": {"name": N}}``) constrains the output to N's
       ``parameters`` schema (the arguments object), as vLLM does.
     """
@@ -238,7 +239,8 @@ def to_sampling_params(request: dict[str, Any]) -> SamplingParams:
         params.max_new_tokens = limit
     _map_logprobs(request, params)
     _map_response_format(request.get("response_format"), params)
-    tool_schema = _tool_choice_schema(request.get("tool_choice"), request.get("tools"))
+    parallel = request.get("parallel_tool_calls")
+    tool_schema = _tool_choice_schema(request.get("tool_choice"), request.get("tools"), parallel is not False)
     if tool_schema is not None:
         if params.grammar is not None:
             raise InvalidSamplingParams("tool_choice", f"cannot be combined with a {params.grammar[0]} constraint")
@@ -284,7 +286,7 @@ def _map_response_format(fmt: Any, params: SamplingParams) -> None:
         raise InvalidSamplingParams("response_format.type", f"must be text, json_object, json_schema or structural_tag, got {kind!r}")
 
 
-def _tool_choice_schema(choice: Any, tools: Any) -> dict[str, Any] | None:
+def _tool_choice_schema(choice: Any, tools: Any, parallel: bool = True) -> dict[str, Any] | None:
     if choice is None or choice in ("none", "auto"):
         return None
     if not tools:
@@ -305,7 +307,8 @@ def _tool_choice_schema(choice: Any, tools: Any) -> dict[str, Any] | None:
             }
             for name, schema in functions.items()
         ]
-        return {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+        array = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+        return array if parallel else {**array, "maxItems": 1}
     if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         if name not in functions:

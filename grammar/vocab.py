@@ -89,7 +89,7 @@ class TokenVocabulary:
             raise TypeError(f"expected a fast tokenizer with a backend_tokenizer, got {type(tokenizer).__name__}")
         content = backend.to_str()
         key = hashlib.sha256(content.encode()).hexdigest()[:32]
-        folder = Path(cache_dir) if cache_dir is not None else formcast_cache_dir("vocab")
+        folder = Path(cache_dir) if cache_dir is not None else _vocab_cache_dir()
         table = _load_table(folder / f"{key}.json")
         if table is None:
             table = _byte_table(json.loads(content), backend)
@@ -110,11 +110,10 @@ def _fingerprint(token_bytes: Sequence[bytes], eos: frozenset[int], special: fro
     return h.hexdigest()[:32]
 
 
-def formcast_cache_dir(sub: str) -> Path:
-    """``$FORMCAST_CACHE/<sub>`` or ``~/.cache/formcast/<sub>`` (not created here)."""
+def _vocab_cache_dir() -> Path:
+    """``$FORMCAST_CACHE/vocab`` or ``~/.cache/formcast/vocab`` (the engine's caches sit beside it)."""
     root = os.environ.get("FORMCAST_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "formcast"
-    return base / sub
+    return (Path(root) if root else Path.home() / ".cache" / "formcast") / "vocab"
 
 
 # --- tokenizer JSON -> bytes per id ------------------------------------------------------------

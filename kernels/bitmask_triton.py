@@ -29,6 +29,7 @@ def _apply_token_bitmask_kernel(
     bitmask_stride,
     HAS_INDICES: tl.constexpr,
     BLOCK: tl.constexpr,
+    FULL_STORE: tl.constexpr,
 ):
     pid_row = tl.program_id(0)
     pid_col = tl.program_id(1)
@@ -47,7 +48,17 @@ def _apply_token_bitmask_kernel(
     allowed = ((words[:, None] >> bit_ids[None, :]) & 1) != 0
     allowed = allowed & (cols < mask_cols)
     neg_inf = tl.full([BLOCK // 32, 32], float("-inf"), logits_ptr.dtype.element_ty)
-    tl.store(logits_ptr + row * logits_stride + cols, neg_inf, mask=(cols < n_cols) & ~allowed)
+    ptrs = logits_ptr + row * logits_stride + cols
+    if FULL_STORE:  # read and write whole tiles: no partial sectors when most of a tile changes
+        inside = cols < n_cols
+        tl.store(ptrs, tl.where(allowed, tl.load(ptrs, mask=inside), neg_inf), mask=inside)
+    else:
+        tl.store(ptrs, neg_inf, mask=(cols < n_cols) & ~allowed)
+
+
+# Masks over at least this many logits use whole-tile stores (see FULL_STORE); measured on an
+# H200 (BENCHMARKS.md): masked partial stores win on small batches, whole tiles on large ones.
+FULL_STORE_MIN_ELEMENTS = 1 << 22
 
 
 def apply_token_bitmask_inplace_triton(
@@ -55,6 +66,7 @@ def apply_token_bitmask_inplace_triton(
     bitmask: torch.Tensor,
     indices: torch.Tensor | None,
     mask_cols: int,
+    full_store: bool | None = None,
 ) -> None:
     """Launch the kernel on 2-D ``logits``/``bitmask`` (unit column stride); arguments already checked."""
     if logits.stride(1) != 1:
@@ -64,6 +76,8 @@ def apply_token_bitmask_inplace_triton(
     if n_rows == 0 or logits.shape[1] == 0:
         return
     grid = (n_rows, triton.cdiv(logits.shape[1], BLOCK))
+    if full_store is None:
+        full_store = n_rows * logits.shape[1] >= FULL_STORE_MIN_ELEMENTS
     _apply_token_bitmask_kernel[grid](
         logits,
         bitmask,
@@ -74,5 +88,6 @@ def apply_token_bitmask_inplace_triton(
         bitmask.stride(0),
         HAS_INDICES=indices is not None,
         BLOCK=BLOCK,
+        FULL_STORE=full_store,
         num_warps=8,
     )

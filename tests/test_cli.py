@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import cli
+from engine.entrypoints import cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,3 +50,31 @@ def test_constraint_from_file_or_inline(tmp_path):
     grammar.write_text('root ::= "yes" | "no"\n')
     assert cli._constraint(parser.parse_args(["generate", "--ebnf", str(grammar), "--prompt", "p"])) == {"ebnf": 'root ::= "yes" | "no"\n'}
     assert cli._constraint(parser.parse_args(["generate", "--ebnf", 'root ::= "a"', "--prompt", "p"])) == {"ebnf": 'root ::= "a"'}
+
+
+def test_cli_batch_file_runs_on_the_engine(tmp_path):
+    lines = [
+        {"id": "a", "prompt": "Pick a date."},
+        {"id": "b", "prompt": "Yes or no: is the sky blue?", "regex": "(yes|no)"},
+        {"id": "c", "prompt": "A number:", "json_schema": {"type": "integer", "minimum": 0, "maximum": 99}},
+    ]
+    batch = tmp_path / "in.jsonl"
+    batch.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine", "generate", "--regex", r"\d{4}-\d{2}-\d{2}", "--batch", str(batch),
+         "--max-new-tokens", "16", "--threads", "1", "--dtype", "float32"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert [o["id"] for o in out] == ["a", "b", "c"]
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", out[0]["text"], re.ASCII)
+    assert out[1]["text"] in ("yes", "no")
+    assert 0 <= json.loads(out[2]["text"]) <= 99
+    assert all(o["finish_reason"]["type"] == "stop" for o in out)
+
+
+def test_cli_refused_constraint_exits_2(capsys):
+    assert cli.main(["generate", "--regex", "(?<=a)b", "--prompt", "x", "--dtype", "float32"]) == 2
+    assert "lookbehind" in capsys.readouterr().err

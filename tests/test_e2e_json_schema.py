@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 
-import engine.hf_processor as hf_processor
+import engine.hf.processor as hf_processor
 from grammar import UnsupportedFeatureError, compile_json_schema
 from grammar.json_schema import json_schema_to_grammar
 

@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from engine.hf_processor import generate_with_grammars
+from engine.hf.processor import generate_with_grammars
 from grammar import compile_regex
 
 MAX_NEW_TOKENS = 24

@@ -32,7 +32,7 @@ MAX_NEW_TOKENS = 40
 
 @pytest.mark.slow
 def test_smollm2_outputs_parse_under_each_grammar(smollm2_model, smollm2_tokenizer, smollm2_vocab) -> None:
-    from engine.hf_processor import generate_with_grammars
+    from engine.hf.processor import generate_with_grammars
 
     grammars = [compile_ebnf((GRAMMARS / f"{n}.ebnf").read_text(), smollm2_vocab) for n in NAMES]
     outs = generate_with_grammars(
@@ -46,7 +46,7 @@ def test_smollm2_outputs_parse_under_each_grammar(smollm2_model, smollm2_tokeniz
 
 @pytest.mark.slow
 def test_smollm2_structural_tag_calls_validate(smollm2_model, smollm2_tokenizer, smollm2_vocab) -> None:
-    from engine.hf_processor import generate_with_grammars
+    from engine.hf.processor import generate_with_grammars
 
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
     tags = [StructuralTagItem("<tool_call>", schema, "</tool_call>")]

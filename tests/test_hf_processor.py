@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.hf_processor import FormcastLogitsProcessor, generate_constrained, generate_with_grammars
+from engine.hf.processor import FormcastLogitsProcessor, generate_constrained, generate_with_grammars
 from grammar import GrammarMatcher, allocate_token_bitmask, compile_regex, unpack_bitmask
 
 

@@ -157,8 +157,9 @@ for batch, vocab, cols, dtype_name, use_idx in cases:
     bitmask = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), dtype=torch.int32, generator=g)
     idx = torch.arange(0, batch, 2) if use_idx else None
     ref = logits.clone(); apply_token_bitmask_inplace_reference(ref, bitmask, idx)
-    tri = logits.clone(); apply_token_bitmask_inplace_triton(tri, bitmask, idx, min(cols, bitmask.shape[1] * 32))
-    results.append(bool(torch.equal(ref.view(views[dtype]), tri.view(views[dtype]))))
+    for full_store in (False, True):  # masked partial stores, and whole-tile read-modify-write
+        tri = logits.clone(); apply_token_bitmask_inplace_triton(tri, bitmask, idx, min(cols, bitmask.shape[1] * 32), full_store)
+        results.append(bool(torch.equal(ref.view(views[dtype]), tri.view(views[dtype]))))
 print(json.dumps(results))
 """
 
@@ -183,7 +184,7 @@ def test_triton_kernel_matches_reference_under_interpreter() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert results == [True] * len(_TRITON_CASES), list(zip(_TRITON_CASES, results))
+    assert results == [True] * (2 * len(_TRITON_CASES)), list(zip([c for c in _TRITON_CASES for _ in (0, 1)], results))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from engine import model_files  # noqa: E402
-from engine.model_files import _publish, default_model_dir, is_complete_model_dir, load_model_and_tokenizer  # noqa: E402
+from engine.hf import model_files  # noqa: E402
+from engine.hf.model_files import _publish, default_model_dir, is_complete_model_dir, load_model_and_tokenizer  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "What is 2+2? Answer in one word."}]
 

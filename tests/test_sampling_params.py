@@ -149,6 +149,9 @@ def test_openai_tool_choice() -> None:
     alternatives = required["items"]["anyOf"]
     assert [a["properties"]["name"] for a in alternatives] == [{"const": "get_weather"}, {"const": "noop"}]
     assert alternatives[1]["properties"]["arguments"] == {"type": "object"}
+    assert "maxItems" not in required
+    single = to_sampling_params({"tools": _tools(), "tool_choice": "required", "parallel_tool_calls": False}).json_schema
+    assert single["minItems"] == 1 and single["maxItems"] == 1
 
 
 @pytest.mark.parametrize(

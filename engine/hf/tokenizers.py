@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from grammar.vocab import formcast_cache_dir
+from ..paths import formcast_cache_dir
 
 QwenVariant = Literal["qwen2", "qwen3_6"]
 

@@ -20,7 +20,6 @@ Beam search reorders rows between steps, which per-row matchers cannot follow: i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
@@ -29,6 +28,9 @@ from transformers import LogitsProcessor
 
 from grammar import GrammarError, GrammarMatcher, TokenVocabulary, bitmask_width, pack_bool_mask
 from kernels import apply_token_bitmask_inplace
+
+from ..constrained.grammar_backend import GrammarBackend
+from ..sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # pragma: no cover
     from grammar.compiler import CompiledGrammar
@@ -75,6 +77,21 @@ class FormcastLogitsProcessor(LogitsProcessor):
         self.errors: list[str | None] = [None] * len(grammars)  # why a row was aborted
         self._seen_len: int | None = None  # input length at the previous call
         self._generated = 0
+
+    @classmethod
+    def from_sampling_params(
+        cls,
+        params: SamplingParams | dict | Sequence[SamplingParams | dict],
+        vocab: TokenVocabulary,
+        batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> FormcastLogitsProcessor:
+        """A processor for the constraint(s) in ``params`` (one for every row, or one per row),
+        compiled by the same grammar backend as the Engine's: ``{"json_schema": ...}``,
+        ``{"regex": ...}``, ``{"ebnf": ...}`` or ``{"structural_tag": ...}``."""
+        rows = params if isinstance(params, Sequence) and not isinstance(params, (str, bytes)) else [params]
+        grammars = [compile_for_params(p if isinstance(p, SamplingParams) else SamplingParams(**p), vocab) for p in rows]
+        return cls(grammars if len(grammars) > 1 else grammars[0], batch_size, **kwargs)
 
     @property
     def batch_size(self) -> int:
@@ -174,27 +191,23 @@ def _finished_row(ids: Iterable[int], width: int) -> Any:
     return pack_bool_mask(allowed)
 
 
-@dataclass(frozen=True)
-class Constraint:
-    """Exactly one of ``regex``, ``json_schema`` (dict or JSON text) or ``ebnf`` text."""
+def compile_for_params(params: SamplingParams, vocab: TokenVocabulary) -> "CompiledGrammar":
+    """The grammar of ``params`` through the engine's grammar backend (the one way a constraint
+    is described, for the Engine, the server, the CLI and this processor alike)."""
+    compiled = _backend_for(vocab).compile(params)
+    if compiled is None:
+        raise ValueError("the sampling parameters carry no constraint (json_schema, regex, ebnf or structural_tag)")
+    return compiled
 
-    regex: str | None = None
-    json_schema: Any = None
-    ebnf: str | None = None
 
-    def __post_init__(self) -> None:
-        given = [n for n in ("regex", "json_schema", "ebnf") if getattr(self, n) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of regex, json_schema, ebnf (got {given or 'none'})")
+_BACKENDS: dict[str, GrammarBackend] = {}
 
-    def compile(self, vocab: TokenVocabulary) -> "CompiledGrammar":
-        import grammar
 
-        if self.regex is not None:
-            return grammar.compile_regex(self.regex, vocab)
-        if self.ebnf is not None:
-            return grammar.compile_ebnf(self.ebnf, vocab)
-        return grammar.compile_json_schema(self.json_schema, vocab)
+def _backend_for(vocab: TokenVocabulary) -> GrammarBackend:
+    backend = _BACKENDS.get(vocab.fingerprint)
+    if backend is None:
+        backend = _BACKENDS.setdefault(vocab.fingerprint, GrammarBackend(vocab))
+    return backend
 
 
 def generate_constrained(
@@ -222,7 +235,10 @@ def generate_constrained(
     (``temperature``, ``top_p``, ...). A single prompt string still returns a list.
     """
     vocab = vocab if vocab is not None else TokenVocabulary.from_tokenizer(tokenizer)
-    compiled = Constraint(regex, json_schema, ebnf).compile(vocab)
+    given = {k: v for k, v in (("regex", regex), ("json_schema", json_schema), ("ebnf", ebnf)) if v is not None}
+    if len(given) != 1:
+        raise ValueError(f"give exactly one of regex, json_schema, ebnf (got {sorted(given) or 'none'})")
+    compiled = compile_for_params(SamplingParams(**given), vocab)
     texts = [prompts] if isinstance(prompts, str) else list(prompts)
     return generate_with_grammars(
         model, tokenizer, texts, [compiled] * len(texts), max_new_tokens=max_new_tokens, chat=chat,

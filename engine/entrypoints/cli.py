@@ -1,0 +1,242 @@
+"""Command line: ``formcast generate`` and ``formcast serve`` (also ``python -m engine ...``).
+
+    formcast generate --regex '\\d{4}-\\d{2}-\\d{2}' --prompt "When did Apollo 11 land?"
+    formcast generate --json-schema schema.json --prompt "A user profile" --max-new-tokens 128
+    formcast generate --ebnf 'root ::= "yes" | "no"' --prompt "Is water wet?"
+    formcast generate --json-schema schema.json --batch prompts.jsonl > results.jsonl
+
+With ``--prompt``, only the generated text goes to stdout (one line, so it pipes cleanly). With
+``--batch FILE.jsonl`` every line is ``{"prompt": ..., "id"?: ..., <sampling fields>?}`` (a line's
+own ``json_schema`` / ``regex`` / ``ebnf`` replaces the command line's); all lines run as one
+batch and one JSON result per line goes to stdout in input order, with a progress bar on stderr.
+Exit status: 0 ok, 1 some batch line failed, 2 bad arguments or a bad constraint.
+
+    formcast serve [--model PATH] [--host 127.0.0.1] [--port 30000] [--api-key KEY] [engine options]
+
+starts the OpenAI-compatible server (``http_server.py``). Its engine options are ``EngineArgs``'
+fields, spelt with dashes (``--max-total-tokens``, ``--max-waiting-requests``, ``--dtype``, ...),
+so a new engine option appears here without touching this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .engine_args import EngineArgs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="formcast", description="Constrained generation with formcast's engine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text that matches a regex, JSON Schema or EBNF grammar")
+    which = gen.add_mutually_exclusive_group()
+    which.add_argument("--regex", metavar="PATTERN", help="the output must fully match this regex")
+    which.add_argument("--json-schema", metavar="FILE_OR_JSON", help="a JSON Schema file, or inline JSON")
+    which.add_argument("--ebnf", metavar="FILE_OR_TEXT", help="an EBNF grammar file, or inline text (root ::= ...)")
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="the user message")
+    source.add_argument("--batch", metavar="FILE.jsonl", help="one JSON object per line with a 'prompt'")
+    gen.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
+    gen.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder (default: embedded SmolLM2-135M-Instruct)")
+    gen.add_argument("--dtype", default="auto", help="auto (default), float32, bfloat16 or float16")
+    gen.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 (default) means greedy")
+    gen.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    gen.add_argument("--top-k", type=int, default=-1, metavar="K")
+    gen.add_argument("--seed", type=int, default=None, metavar="S")
+    gen.add_argument("--no-chat", action="store_true", help="use the prompt as raw text, without the chat template")
+    gen.add_argument("--threads", type=int, default=None, metavar="K", help="torch CPU threads")
+    _add_serve_parser(sub)
+    return parser
+
+
+def _add_serve_parser(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server")
+    serve.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder (default: embedded SmolLM2-135M-Instruct)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=30000)
+    serve.add_argument("--api-key", default=os.environ.get("FORMCAST_API_KEY"), help="require 'Authorization: Bearer KEY' on /v1 (default: $FORMCAST_API_KEY)")
+    serve.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the model folder's name)")
+    serve.add_argument("--shutdown-timeout", type=float, default=20.0, metavar="S", help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument("--no-access-log", action="store_true")
+    engine_opts = serve.add_argument_group("engine options")
+    for f in dataclasses.fields(EngineArgs):
+        if f.name == "model_path":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kind = str(f.type)
+        if kind == "bool":
+            engine_opts.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, dest=f"engine_{f.name}")
+        else:
+            convert = int if kind.startswith("int") else float if kind.startswith("float") else str
+            engine_opts.add_argument(flag, type=convert, default=f.default, dest=f"engine_{f.name}", metavar=f.name.upper())
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    _quiet_libraries()
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    from .http_server import ServerSettings, run_server
+
+    options = {k[len("engine_") :]: v for k, v in vars(args).items() if k.startswith("engine_")}
+    options["model_path"] = args.model
+    EngineArgs.from_options(**options)  # bad engine options exit 2 before the model loads
+    settings = ServerSettings(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or None,
+        served_model_name=args.served_model_name,
+        shutdown_timeout=args.shutdown_timeout,
+        log_level=args.log_level,
+        access_log=not args.no_access_log,
+    )
+    print("formcast: loading model...", file=sys.stderr, flush=True)
+    try:
+        run_server(settings, options)
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled, after its clean shutdown
+        pass
+    return 0
+
+
+def _file_or_text(value: str) -> str:
+    """A path to an existing file means its content; anything else is the text itself."""
+    if len(value) < 4096 and "\n" not in value:
+        try:
+            path = Path(value)
+            if path.is_file():
+                return path.read_text(encoding="utf-8")
+        except OSError:
+            pass
+    return value
+
+
+def _json_schema(value: str) -> Any:
+    text = _file_or_text(value)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--json-schema is neither a readable file nor valid JSON: {exc}") from None
+
+
+def _constraint(args: argparse.Namespace) -> dict[str, Any]:
+    if args.regex is not None:
+        return {"regex": args.regex}
+    if args.json_schema is not None:
+        return {"json_schema": _json_schema(args.json_schema)}
+    if args.ebnf is not None:
+        return {"ebnf": _file_or_text(args.ebnf)}
+    return {}
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    params: dict[str, Any] = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}
+    if args.top_k != -1:
+        params["top_k"] = args.top_k
+    if args.seed is not None:
+        params["sampling_seed"] = args.seed
+    return {**params, **_constraint(args)}
+
+
+def _read_batch(path: str) -> list[dict[str, Any]]:
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not valid JSON ({exc})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                raise ValueError(f"{path}:{number}: each line must be an object with a string 'prompt'")
+            records.append(record)
+    if not records:
+        raise ValueError(f"{path}: no records")
+    return records
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    base = _sampling(args)
+    records = _read_batch(args.batch) if args.batch else [{"prompt": args.prompt}]
+    _quiet_libraries()
+    from ..entrypoints.engine import Engine
+
+    print("formcast: loading model...", file=sys.stderr, flush=True)
+    with Engine(args.model, dtype=args.dtype, num_threads=args.threads) as engine:
+        prompts, params = [], []
+        for record in records:
+            own = {k: v for k, v in record.items() if k not in ("prompt", "id")}
+            if any(k in own for k in ("json_schema", "regex", "ebnf", "structural_tag")):
+                merged = {k: v for k, v in base.items() if k not in ("json_schema", "regex", "ebnf")}
+            else:
+                merged = dict(base)
+            merged.update(own)
+            text = record["prompt"]
+            prompts.append(text if args.no_chat else engine.apply_chat_template([{"role": "user", "content": text}]))
+            params.append(merged)
+        if args.prompt is not None:
+            from ..sampling_params import SamplingParams
+
+            engine.grammar_backend.compile(SamplingParams(**params[0]))  # a refused constraint exits 2 here
+            print("formcast: generating...", file=sys.stderr, flush=True)
+            result = engine.generate(prompts[0], params[0])
+            _warn_if_not_complete(result)
+            sys.stdout.write(result["text"] + "\n")
+            return 0
+        return _run_batch(engine, records, prompts, params)
+
+
+def _warn_if_not_complete(result: dict) -> None:
+    reason = result["meta_info"]["finish_reason"]
+    if reason and reason["type"] != "stop":
+        print(f"formcast: warning: finished by {reason}", file=sys.stderr)
+
+
+def _run_batch(engine: Any, records: list[dict], prompts: list, params: list) -> int:
+    from tqdm import tqdm
+
+    rids = [f"line-{i}" for i in range(len(records))]
+    texts: dict[str, list[str]] = {rid: [] for rid in rids}
+    finals: dict[str, dict] = {}
+    with tqdm(total=len(records), unit="req", file=sys.stderr) as bar:
+        for chunk in engine.generate(prompts, params, stream=True, rid=rids):
+            meta = chunk["meta_info"]
+            texts[meta["id"]].append(chunk["text"])
+            if meta["finish_reason"] is not None:
+                finals[meta["id"]] = meta
+                bar.update(1)
+    failed = 0
+    for record, rid in zip(records, rids):
+        meta = finals[rid]
+        failed += meta["finish_reason"]["type"] == "abort"
+        line = {"id": record.get("id"), "text": "".join(texts[rid]), "finish_reason": meta["finish_reason"],
+                "completion_tokens": meta["completion_tokens"]}  # fmt: skip
+        sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return cmd_serve(args) if args.command == "serve" else cmd_generate(args)
+    except (ValueError, FileNotFoundError) as exc:  # GrammarError and bad sampling params are ValueErrors
+        print(f"formcast: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,407 @@
+"""``Engine``: formcast's Python API over its own batched engine.
+
+    with Engine() as engine:                                   # the embedded SmolLM2-135M-Instruct
+        out = engine.generate("Name a color:", {"max_new_tokens": 8, "temperature": 0})
+        out = engine.chat([{"role": "user", "content": "A user profile"}],
+                          {"json_schema": schema, "max_new_tokens": 128})
+        for chunk in engine.generate(prompt, params, stream=True): print(chunk["text"], end="")
+
+Threads: the caller's thread tokenizes and validates (bad input raises here, before anything is
+admitted); the scheduler thread batches and runs the model; a delivery thread detokenizes each
+step's tokens and hands results to the waiting callers (blocking queues for ``generate``, asyncio
+queues for ``async_generate``), so any number of threads and event loops may call at once.
+
+Each result is ``{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
+"completion_tokens", "cached_tokens", "jump_forward_tokens", "output_token_logprobs",
+"output_top_logprobs", "input_token_logprobs", "hidden_states", "e2e_latency"}}``; logprob
+entries are ``(logprob, token_id, token_text)``. Streaming yields chunks of the same shape whose
+``text`` and ``output_ids`` are deltas; the last one carries the finish reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+from grammar import TokenVocabulary
+
+from ..constrained.grammar_backend import GrammarBackend
+from ..managers.detokenizer import Detokenizer, TokenTexts
+from ..managers.io_struct import BatchTokenIDOutput, ReqStrOutput
+from ..managers.req import Req
+from ..managers.scheduler import Scheduler, SchedulerConfig
+from ..model_executor.model_runner import ModelRunner
+from ..sampling_params import InvalidSamplingParams, SamplingParams
+from ..speculative.worker import SpeculativeConfig
+from .engine_args import EngineArgs
+
+
+class PromptError(ValueError):
+    """A prompt the engine cannot run (empty, too long, token ids out of range); ``field`` names it."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+class Engine:
+    def __init__(self, model_path: str | None = None, **options: Any) -> None:
+        self.args = EngineArgs.from_options(model_path, **options)
+        args = self.args
+        self.runner = ModelRunner(
+            args.model_path,
+            dtype=args.dtype,
+            device=args.device,
+            max_total_tokens=args.max_total_tokens,
+            mem_fraction=args.mem_fraction,
+            max_running_requests=args.max_running_requests,
+            context_length=args.context_length,
+            num_threads=args.num_threads,
+        )
+        self.tokenizer = _load_tokenizer(args.tokenizer_path or self.runner.model_path)
+        self.vocab = TokenVocabulary.from_tokenizer(self.tokenizer)
+        self.context_len = self.runner.context_len
+        self.grammar_backend = GrammarBackend(self.vocab, num_workers=args.grammar_workers, budget=_budget(args))
+        self.texts = TokenTexts(self.vocab, self.tokenizer)
+        self._detokenizer = Detokenizer(self.texts)
+        self._requests: dict[str, _Pending] = {}
+        self._lock = threading.Lock()
+        self._delivery: queue.SimpleQueue = queue.SimpleQueue()
+        self._delivery_thread = threading.Thread(target=self._deliver_loop, name="formcast-detokenizer", daemon=True)
+        self._delivery_thread.start()
+        config = SchedulerConfig(
+            max_running_requests=args.max_running_requests,
+            chunked_prefill_size=args.chunked_prefill_size,
+            enable_prefix_cache=args.enable_prefix_cache,
+            enable_jump_forward=args.enable_jump_forward,
+            reasoning_end=args.reasoning_end,
+            speculative=SpeculativeConfig(
+                algorithm=args.speculative_algorithm,
+                num_draft_tokens=args.speculative_num_draft_tokens,
+                draft_model_path=args.speculative_draft_model_path,
+                draft_num_layers=args.speculative_draft_num_layers,
+                stop_at_forced=args.enable_jump_forward,
+            ),
+        )
+        self.scheduler = Scheduler(self.runner, self.tokenizer, self.vocab, self.grammar_backend, config, self._delivery.put)
+        self.scheduler.start()
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def shutdown(self) -> None:
+        """Stop the engine; requests still running finish with ``abort``."""
+        if self._closed:
+            return
+        self._closed = True
+        self.scheduler.stop()
+        self._delivery.put(None)
+        self._delivery_thread.join()
+        self.grammar_backend.shutdown()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def abort(self, rid: str) -> None:
+        """Finish request ``rid`` with ``abort`` (its KV cache is freed); unknown ids are ignored."""
+        self.scheduler.abort(rid)
+
+    # ------------------------------------------------------------------ generate
+    def generate(
+        self,
+        prompt: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]] | None = None,
+        sampling_params: SamplingParams | dict | Sequence[SamplingParams | dict] | None = None,
+        *,
+        input_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        return_hidden_states: bool = False,
+        stream: bool = False,
+        rid: str | Sequence[str] | None = None,
+    ) -> dict | list[dict] | Iterator[dict]:
+        """One result per prompt (times ``n``), in order; a single prompt returns a dict."""
+        reqs, single = self._make_reqs(prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, return_hidden_states, stream, rid)
+        channel: queue.SimpleQueue = queue.SimpleQueue()
+        self._submit(reqs, channel, None)
+        if stream:
+            return self._stream(reqs, channel)
+        results = self._collect(reqs, channel)
+        return results[0] if single else results
+
+    def chat(self, messages: list[dict], sampling_params: SamplingParams | dict | None = None, **kwargs: Any) -> Any:
+        """``generate`` on ``messages`` rendered with the model's chat template."""
+        return self.generate(input_ids=self.apply_chat_template(messages, tools=kwargs.pop("tools", None)), sampling_params=sampling_params, **kwargs)
+
+    async def async_generate(
+        self,
+        prompt: Any = None,
+        sampling_params: Any = None,
+        *,
+        input_ids: Any = None,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        return_hidden_states: bool = False,
+        stream: bool = False,
+        rid: Any = None,
+    ) -> Any:
+        """Like ``generate``; with ``stream=True`` returns an async iterator of chunks."""
+        reqs, single = self._make_reqs(prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, return_hidden_states, stream, rid)
+        loop = asyncio.get_running_loop()
+        channel: asyncio.Queue = asyncio.Queue()
+        self._submit(reqs, channel, loop)
+        if stream:
+            return self._astream(reqs, channel)
+        results: list[dict | None] = [None] * len(reqs)
+        order = {r.rid: i for i, r in enumerate(reqs)}
+        try:
+            while any(r is None for r in results):
+                chunk = await channel.get()
+                results[order[chunk["meta_info"]["id"]]] = chunk
+        except asyncio.CancelledError:
+            for r in reqs:
+                self.abort(r.rid)
+            raise
+        return results[0] if single else results
+
+    async def async_chat(self, messages: list[dict], sampling_params: Any = None, **kwargs: Any) -> Any:
+        ids = self.apply_chat_template(messages, tools=kwargs.pop("tools", None))
+        return await self.async_generate(input_ids=ids, sampling_params=sampling_params, **kwargs)
+
+    def apply_chat_template(self, messages: list[dict], tools: list | None = None) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise PromptError("messages", "the model has no chat template; send a plain prompt")
+        text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # ------------------------------------------------------------------ introspection
+    def get_load(self) -> dict[str, int]:
+        return self.scheduler.load()
+
+    def flush_cache(self) -> int:
+        """Evict every unused entry of the prefix cache (returns the tokens freed)."""
+        cache = self.scheduler.tree_cache
+        return self.scheduler.call(lambda: cache.evict(cache.evictable_size()))
+
+    # ------------------------------------------------------------------ requests
+    def _make_reqs(self, prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, return_hidden_states, stream, rid):  # type: ignore[no-untyped-def]
+        if self._closed:
+            raise RuntimeError("the engine was shut down")
+        prompts, single = self._prompts(prompt, input_ids)
+        params = _params_per_prompt(sampling_params, len(prompts))
+        rids = _rids(rid, len(prompts))
+        reqs = []
+        for i, (ids, p) in enumerate(zip(prompts, params)):
+            p = dataclasses.replace(p)
+            if return_logprob or top_logprobs_num:
+                p.logprobs, p.top_logprobs_num = True, max(top_logprobs_num, p.top_logprobs_num)
+            p.normalize(self.tokenizer)
+            p.verify(self.vocab.vocab_size)
+            self._check_prompt(ids, p)
+            for k in range(p.n):
+                copy = dataclasses.replace(p, n=1)
+                if k and p.sampling_seed is not None:
+                    copy.sampling_seed = (p.sampling_seed + k) % (2**63)
+                reqs.append(self._req(rids[i] if p.n == 1 else f"{rids[i]}-{k}", ids, copy, stream))
+        return reqs, single and len(reqs) == 1
+
+    def _req(self, rid: str, ids: list[int], params: SamplingParams, stream: bool) -> Req:
+        return Req(
+            rid=rid,
+            origin_input_ids=list(ids),
+            sampling_params=params,
+            eos_token_ids=frozenset(self.vocab.eos_token_ids),
+            context_len=self.context_len,
+            return_logprob=bool(params.logprobs),
+            top_logprobs_num=params.top_logprobs_num,
+            return_hidden_states=params.return_hidden_states,
+            stream=stream,
+        )
+
+    def _prompts(self, prompt: Any, input_ids: Any) -> tuple[list[list[int]], bool]:
+        if (prompt is None) == (input_ids is None):
+            raise PromptError("prompt", "give exactly one of prompt and input_ids")
+        source = prompt if prompt is not None else input_ids
+        if isinstance(source, str):
+            return [self._tokenize(source)], True
+        if not isinstance(source, Sequence) or not source:
+            raise PromptError("prompt", "must be a string, a list of strings, or token ids")
+        if all(isinstance(t, int) for t in source):
+            return [list(source)], True
+        out = []
+        for item in source:
+            if isinstance(item, str):
+                out.append(self._tokenize(item))
+            elif isinstance(item, Sequence) and all(isinstance(t, int) for t in item):
+                out.append(list(item))
+            else:
+                raise PromptError("prompt", f"each prompt must be a string or a list of token ids, got {type(item).__name__}")
+        return out, False
+
+    def _tokenize(self, text: str) -> list[int]:
+        if not text:
+            raise PromptError("prompt", "is empty")
+        return list(self.tokenizer(text)["input_ids"])
+
+    def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise PromptError("prompt", "is empty")
+        vocab = self.runner.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise PromptError("input_ids", f"token id {bad} is outside [0, {vocab})")
+        if len(ids) >= self.context_len:
+            raise PromptError("prompt", f"has {len(ids)} tokens; the context holds {self.context_len} (prompt plus output)")
+        if len(ids) + 1 > self.runner.max_total_tokens:
+            raise PromptError("prompt", f"has {len(ids)} tokens; the KV cache holds {self.runner.max_total_tokens}")
+
+    # ------------------------------------------------------------------ delivery
+    def _submit(self, reqs: list[Req], channel: Any, loop: asyncio.AbstractEventLoop | None) -> None:
+        with self._lock:
+            for r in reqs:
+                if r.rid in self._requests:
+                    raise PromptError("rid", f"request id {r.rid!r} is already running")
+            for r in reqs:
+                self._requests[r.rid] = _Pending(channel, loop, time.monotonic())
+        for r in reqs:
+            self.scheduler.submit(r)
+
+    def _collect(self, reqs: list[Req], channel: queue.SimpleQueue) -> list[dict]:
+        order = {r.rid: i for i, r in enumerate(reqs)}
+        results: list[dict | None] = [None] * len(reqs)
+        left = len(reqs)
+        while left:
+            chunk = channel.get()
+            results[order[chunk["meta_info"]["id"]]] = chunk
+            left -= 1
+        return results  # type: ignore[return-value]
+
+    def _stream(self, reqs: list[Req], channel: queue.SimpleQueue) -> Iterator[dict]:
+        left = len(reqs)
+        try:
+            while left:
+                chunk = channel.get()
+                if chunk["meta_info"]["finish_reason"] is not None:
+                    left -= 1
+                yield chunk
+        finally:
+            if left:  # the consumer stopped early: free the requests' memory
+                for r in reqs:
+                    self.abort(r.rid)
+
+    async def _astream(self, reqs: list[Req], channel: asyncio.Queue) -> AsyncIterator[dict]:
+        left = len(reqs)
+        try:
+            while left:
+                chunk = await channel.get()
+                if chunk["meta_info"]["finish_reason"] is not None:
+                    left -= 1
+                yield chunk
+        finally:
+            if left:
+                for r in reqs:
+                    self.abort(r.rid)
+
+    def _deliver_loop(self) -> None:
+        while True:
+            batch = self._delivery.get()
+            if batch is None:
+                return
+            assert isinstance(batch, BatchTokenIDOutput)
+            for out in self._detokenizer.process(batch).outputs:
+                self._deliver(out)
+
+    def _deliver(self, out: ReqStrOutput) -> None:
+        step = out.step
+        with self._lock:
+            pending = self._requests.get(step.rid)
+            if pending is None:
+                return
+            if step.finished_reason is not None:
+                del self._requests[step.rid]
+        chunk = self._chunk(out, pending)
+        if pending.loop is not None:
+            pending.loop.call_soon_threadsafe(pending.channel.put_nowait, chunk)
+        else:
+            pending.channel.put(chunk)
+
+    def _chunk(self, out: ReqStrOutput, pending: _Pending) -> dict:
+        step = out.step
+        text = self.texts.token_text
+        meta: dict[str, Any] = {
+            "id": step.rid,
+            "finish_reason": step.finished_reason.to_json() if step.finished_reason else None,
+            "prompt_tokens": step.prompt_tokens,
+            "completion_tokens": step.completion_tokens,
+            "cached_tokens": step.cached_tokens,
+            "jump_forward_tokens": step.forced_tokens,
+            "e2e_latency": time.monotonic() - pending.start,
+        }
+        if step.output_token_logprobs is not None:
+            meta["output_token_logprobs"] = [(lp, t, text(t)) for lp, t in step.output_token_logprobs]
+            if step.output_top_logprobs is not None:
+                meta["output_top_logprobs"] = [[(lp, t, text(t)) for lp, t in top] for top in step.output_top_logprobs]
+        if step.input_token_logprobs is not None:
+            meta["input_token_logprobs"] = [(lp, t, text(t)) for lp, t in step.input_token_logprobs]
+        if step.hidden_states is not None:
+            meta["hidden_states"] = step.hidden_states
+        return {"text": out.text_delta, "output_ids": list(step.new_token_ids), "meta_info": meta}
+
+
+@dataclasses.dataclass
+class _Pending:
+    channel: Any  # queue.SimpleQueue or asyncio.Queue
+    loop: asyncio.AbstractEventLoop | None
+    start: float
+
+
+def _params_per_prompt(spec: Any, count: int) -> list[SamplingParams]:
+    if isinstance(spec, (list, tuple)):
+        if len(spec) != count:
+            raise InvalidSamplingParams("sampling_params", f"{len(spec)} given for {count} prompts")
+        return [_params(s) for s in spec]
+    return [_params(spec)] * count
+
+
+def _params(spec: Any) -> SamplingParams:
+    if spec is None:
+        return SamplingParams()
+    if isinstance(spec, SamplingParams):
+        return spec
+    if isinstance(spec, dict):
+        known = {f.name for f in dataclasses.fields(SamplingParams) if f.init}
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise InvalidSamplingParams(unknown[0], f"unknown sampling parameter (known: {', '.join(sorted(known))})")
+        return SamplingParams(**spec)
+    raise InvalidSamplingParams("sampling_params", f"must be SamplingParams or a dict, got {type(spec).__name__}")
+
+
+def _rids(rid: Any, count: int) -> list[str]:
+    if rid is None:
+        return [uuid.uuid4().hex for _ in range(count)]
+    rids = [rid] if isinstance(rid, str) else list(rid)
+    if len(rids) != count:
+        raise PromptError("rid", f"{len(rids)} ids for {count} prompts")
+    return [str(r) for r in rids]
+
+
+def _budget(args: EngineArgs) -> Any:
+    if args.grammar_compile_timeout is None:
+        return None
+    from grammar import CompileBudget
+
+    return CompileBudget(max_compile_seconds=args.grammar_compile_timeout)
+
+
+def _load_tokenizer(path: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

@@ -1,0 +1,58 @@
+"""``EngineArgs``: every option of an ``Engine``, with its default, checked in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass
+class EngineArgs:
+    model_path: str | None = None  # a Hugging Face folder; None = the embedded SmolLM2-135M-Instruct
+    tokenizer_path: str | None = None  # default: the model folder
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 ("auto": half precision where it is fast)
+    device: str = "cpu"
+    max_total_tokens: int | None = None  # KV cache slots; default from mem_fraction
+    mem_fraction: float = 0.2  # of the memory free after loading, for the KV cache
+    max_running_requests: int = 64
+    max_waiting_requests: int | None = None  # None: unbounded (the server answers 503 beyond it)
+    context_length: int | None = None  # cap below the model's own
+    chunked_prefill_size: int = 512  # prompt tokens per forward; longer prompts go in chunks
+    enable_prefix_cache: bool = True
+    enable_jump_forward: bool = True
+    reasoning_end: str | None = None  # e.g. "</think>": the constraint applies after it
+    grammar_workers: int = 1
+    grammar_compile_timeout: float | None = None  # seconds; default: the grammar budget's
+    num_threads: int | None = None  # torch CPU threads
+    # Speculative decoding: none | ngram | grammar | draft_model, or a "+" join (ngram+grammar).
+    speculative_algorithm: str = "none"
+    speculative_num_draft_tokens: int = 4
+    speculative_draft_model_path: str | None = None  # default for draft_model: the target's first layers
+    speculative_draft_num_layers: int | None = None  # layers of that self-speculative draft
+
+    @classmethod
+    def from_options(cls, model_path: str | None = None, **options: Any) -> EngineArgs:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"unknown Engine option(s) {unknown}; known: {sorted(known)}")
+        args = cls(model_path=model_path, **options)
+        args.check()
+        return args
+
+    def check(self) -> None:
+        positive = ("max_running_requests", "chunked_prefill_size", "grammar_workers", "speculative_num_draft_tokens")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("max_total_tokens", "context_length", "max_waiting_requests", "num_threads"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
+        if self.grammar_compile_timeout is not None and self.grammar_compile_timeout <= 0:
+            raise ValueError(f"grammar_compile_timeout must be > 0, got {self.grammar_compile_timeout!r}")
+
+    def replace(self, **changes: Any) -> EngineArgs:
+        return dataclasses.replace(self, **changes)

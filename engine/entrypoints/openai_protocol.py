@@ -1,0 +1,318 @@
+"""The OpenAI API's request and response bodies, as pydantic models.
+
+Requests refuse unknown fields (``extra="forbid"``): a misspelt parameter is a 400 naming it, not
+a silently ignored knob. Types are checked here; ranges are checked once, by
+``SamplingParams.verify`` (through ``to_sampling_params``), except the few bounds that belong to
+the API itself (``logprobs`` <= 5 on completions, ``top_logprobs`` <= 20, ``n`` <= 128).
+
+Besides OpenAI's fields, both endpoints take SGLang's and vLLM's sampling extensions (``top_k``,
+``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``, ``ignore_eos``, ...) and
+constraints (``regex``, ``ebnf``, ``json_schema``, ``structural_tag``); the ``openai`` client sends
+them through ``extra_body``, which merges them into the top level of the body.
+
+Responses send ``null`` where OpenAI does (``finish_reason`` mid-stream, ``logprobs`` not asked
+for, ``content`` of a message that only calls tools); the "sparse" models (stream deltas, usage,
+an assistant message's ``tool_calls``) leave out what is None, as OpenAI's stream does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True)
+
+
+class _Sparse(_Response):
+    """Serialized without its None fields, except those named in ``keep_null``."""
+
+    keep_null: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None or k in self.keep_null}
+
+
+# ---------------------------------------------------------------------------------- requests
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class FunctionDefinition(_Request):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class FunctionName(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+class JsonSchemaFormat(_Request):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None
+    # SGLang's structural tag (``type: "structural_tag"``): free text with schema-checked tags.
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[str] | None = None
+
+
+class FunctionCall(_Request):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Request):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content; only ``text`` parts are supported (checked when the
+    prompt is built, so the error names the part's type)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # tool turns: which call this answers
+    refusal: str | None = None
+
+
+class _SamplingExtensions(_Request):
+    """SGLang / vLLM extensions shared by both endpoints (sent through ``extra_body``)."""
+
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: dict[str, Any] | str | bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
+
+
+class _CommonRequest(_SamplingExtensions):
+    model: str | None = None  # None: the served model
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # refused when non-empty (not implemented)
+    max_tokens: int | None = None
+    n: int = Field(default=1, ge=1, le=128)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    user: str | None = None  # accepted and ignored: an end-user id for the caller's own logs
+    response_format: ResponseFormat | None = None
+
+
+class ChatCompletionRequest(_CommonRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+
+class CompletionRequest(_CommonRequest):
+    # Text, texts, token ids, or lists of token ids (one completion per prompt, times n).
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: int | None = 16  # OpenAI's default for completions
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    best_of: int | None = None  # accepted only when it equals n (no server-side ranking)
+    suffix: str | None = None  # refused when set (no fill-in-the-middle)
+
+
+# ---------------------------------------------------------------------------------- responses
+
+
+class PromptTokensDetails(_Sparse):
+    cached_tokens: int = 0
+
+
+class Usage(_Sparse):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class TopLogprob(_Sparse):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(_Sparse):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(_Response):
+    content: list[TokenLogprob] | None = None
+
+
+class FunctionCallOut(_Response):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(_Response):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class AssistantMessage(_Sparse):
+    keep_null = frozenset({"content"})
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class ChatChoice(_Response):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionResponse(_Response):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class FunctionCallDelta(_Sparse):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(_Sparse):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
+class DeltaMessage(_Sparse):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChatChunkChoice(_Response):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(_Sparse):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionLogprobs(_Response):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(_Response):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(_Sparse):
+    """Both the whole response and each streamed chunk (OpenAI uses one shape for both)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "formcast"
+    max_model_len: int | None = None
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(_Response):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(_Response):
+    error: ErrorInfo

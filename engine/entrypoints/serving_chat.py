@@ -1,0 +1,278 @@
+"""``POST /v1/chat/completions``: messages through the model's chat template, constraints from
+``response_format`` / ``tools`` + ``tool_choice`` / the extensions (all through
+``to_sampling_params`` and ``tool_calls.constraint``), whole or streamed responses.
+
+A streamed response is, per choice: a first chunk with ``role``, then content or tool-call deltas
+(a call's first delta carries its id and name, later ones pieces of its arguments), then a chunk
+with ``finish_reason``; after all choices, a usage chunk when ``stream_options.include_usage``
+asks, and ``[DONE]``. A request the engine aborts mid-stream ends with an ``error`` event (the
+``openai`` client raises it), then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from jinja2 import TemplateError
+
+from ..sampling_params import SamplingParams, to_sampling_params
+from .api_errors import APIError, bad_request, internal_error
+from .openai_protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessage,
+    ChoiceLogprobs,
+    DeltaMessage,
+    FunctionCallDelta,
+    FunctionCallOut,
+    TokenLogprob,
+    ToolCallDelta,
+    ToolCallOut,
+    TopLogprob,
+)
+from .serving import Choice, EngineRun, EventStream, OpenAIServing, clamp_logprob, openai_finish_reason, usage_of
+from .tool_calls import (
+    CALL_CLOSE,
+    CollectedMessage,
+    ParsedArguments,
+    ParsedCallStart,
+    ParsedContent,
+    ParsedEvent,
+    ToolCallParser,
+    ToolMode,
+    auto_structural_tag,
+    make_parser,
+    prompt_messages,
+    tool_mode,
+)
+
+log = logging.getLogger("formcast.server")
+
+
+@dataclass
+class PreparedChat:
+    """A checked request: its sampling parameters, prompt ids and tool-calling mode."""
+
+    request: ChatCompletionRequest
+    params: SamplingParams
+    prompt_ids: list[int]
+    mode: ToolMode
+    tools: list[dict] | None
+    tool_choice: Any
+    stop_after_first_call: bool  # auto + parallel_tool_calls=false: the request stops at </tool_call>
+
+    def parser(self) -> ToolCallParser:
+        return make_parser(self.mode, self.tools, self.tool_choice)
+
+
+class OpenAIServingChat(OpenAIServing):
+    endpoint = "chat"
+
+    async def create(self, request: ChatCompletionRequest, arrival: float) -> ChatCompletionResponse | EventStream:
+        """The whole response, or (``stream``) its SSE events."""
+        prep = self.prepare(request)
+        await self.check_constraint(prep.params)
+        choices = self.expand([prep.prompt_ids], prep.params)
+        run = await self.submit(choices, arrival)
+        if request.stream:
+            return EventStream(self.stream(prep, run), run)
+        try:
+            return await self.complete(prep, run)
+        finally:
+            run.close()
+
+    # ------------------------------------------------------------------ request -> prompt + params
+    def prepare(self, request: ChatCompletionRequest) -> PreparedChat:
+        self.check_model(request.model)
+        self.check_capacity()
+        if request.logit_bias:
+            raise bad_request("logit_bias: not supported by this server", param="logit_bias")
+        if request.stream_options is not None and not request.stream:
+            raise bad_request("stream_options: only allowed when stream is true", param="stream_options")
+        body = request.model_dump(by_alias=True, exclude_unset=True)
+        tools = body.get("tools") or None
+        mode = tool_mode(tools, body.get("tool_choice"))
+        params = to_sampling_params(body)
+        stop_after_first_call = False
+        if mode == "auto":
+            if params.grammar is not None:
+                raise bad_request(
+                    f"tools: tool_choice 'auto' cannot be combined with a {params.grammar[0]} constraint "
+                    "(use tool_choice 'required' or a named function, or drop the constraint)",
+                    param="tool_choice",
+                )
+            params.structural_tag = auto_structural_tag(tools)
+            if not request.parallel_tool_calls:
+                params.stop = [*(params.stop or []), CALL_CLOSE]
+                stop_after_first_call = True
+        prompt_ids = self._prompt_ids(request.messages, tools if mode != "none" else None)
+        self.check_context(len(prompt_ids), params, "messages")
+        return PreparedChat(request, params, prompt_ids, mode, tools, body.get("tool_choice"), stop_after_first_call)
+
+    def _prompt_ids(self, messages: list[ChatMessage], tools: list[dict] | None) -> list[int]:
+        plain = [_message_dict(m, i) for i, m in enumerate(messages)]
+        template = getattr(self.engine.tokenizer, "chat_template", None) or ""
+        rendered, template_tools = prompt_messages(plain, tools, template_renders_tools="tools" in template)
+        try:
+            return self.engine.apply_chat_template(rendered, tools=template_tools)
+        except TemplateError as exc:
+            raise bad_request(f"messages: the chat template refused them: {exc}", param="messages") from None
+
+    # ------------------------------------------------------------------ whole response
+    async def complete(self, prep: PreparedChat, run: EngineRun) -> ChatCompletionResponse:
+        parsers = {c.index: prep.parser() for c in run.choices}
+        messages = {c.index: CollectedMessage() for c in run.choices}
+        logprobs: dict[int, list[TokenLogprob]] = {c.index: [] for c in run.choices}
+        async with aclosing(run.chunks()) as chunks:
+            async for choice, chunk in chunks:
+                finish = chunk["meta_info"]["finish_reason"]
+                if finish is not None and finish["type"] == "abort":
+                    raise self.abort_error(finish)
+                messages[choice.index].add(self._parse(prep, parsers[choice.index], chunk))
+                logprobs[choice.index] += self._logprobs(prep.params, chunk)
+        out = []
+        for c in run.choices:
+            msg = messages[c.index]
+            calls = [ToolCallOut(id=k["id"], function=FunctionCallOut(name=k["name"], arguments=k["arguments"])) for k in msg.calls]
+            message = AssistantMessage(content=msg.text, tool_calls=calls or None)
+            lp = ChoiceLogprobs(content=logprobs[c.index]) if prep.params.logprobs else None
+            out.append(ChatChoice(index=c.index, message=message, logprobs=lp, finish_reason=_finish_reason(c, prep.mode, bool(calls))))
+        return ChatCompletionResponse(id=_response_id(), model=self.config.model_name, choices=out, usage=usage_of(run.choices))
+
+    # ------------------------------------------------------------------ streamed response
+    async def stream(self, prep: PreparedChat, run: EngineRun) -> AsyncIterator[str]:
+        response_id, created = _response_id(), int(time.time())
+        parsers = {c.index: prep.parser() for c in run.choices}
+        calls_made = {c.index: False for c in run.choices}
+
+        def chunk(index: int, delta: DeltaMessage, **fields: Any) -> str:
+            choice = ChatChunkChoice(index=index, delta=delta, logprobs=fields.pop("logprobs", None), finish_reason=fields.pop("finish_reason", None))
+            return ChatCompletionChunk(id=response_id, created=created, model=self.config.model_name, choices=[choice]).to_json()
+
+        try:
+            for c in run.choices:
+                yield chunk(c.index, DeltaMessage(role="assistant", content=""))
+            async with aclosing(run.chunks()) as chunks:
+                async for choice, engine_chunk in chunks:
+                    finish = engine_chunk["meta_info"]["finish_reason"]
+                    if finish is not None and finish["type"] == "abort":
+                        raise self.abort_error(finish)
+                    events = self._parse(prep, parsers[choice.index], engine_chunk)
+                    calls_made[choice.index] |= any(isinstance(e, ParsedCallStart) for e in events)
+                    deltas = _deltas(events)
+                    token_logprobs = self._logprobs(prep.params, engine_chunk)
+                    if token_logprobs and not deltas:
+                        deltas = [DeltaMessage()]  # logprobs of held-back text still go out now
+                    for k, delta in enumerate(deltas):
+                        lp = ChoiceLogprobs(content=token_logprobs) if k == 0 and prep.params.logprobs else None
+                        yield chunk(choice.index, delta, logprobs=lp)
+                    if finish is not None:
+                        yield chunk(choice.index, DeltaMessage(), finish_reason=_finish_reason(choice, prep.mode, calls_made[choice.index]))
+            options = prep.request.stream_options
+            if options is not None and options.include_usage:
+                usage = ChatCompletionChunk(id=response_id, created=created, model=self.config.model_name, choices=[], usage=usage_of(run.choices))
+                yield usage.to_json()
+        except APIError as exc:
+            yield exc.body().to_json()
+        except Exception as exc:  # noqa: BLE001 - the stream has started: report in-band
+            log.exception("chat stream failed")
+            yield internal_error(f"internal error: {exc!r}").body().to_json()
+        finally:
+            run.close()
+        yield "[DONE]"
+
+    # ------------------------------------------------------------------ pieces
+    @staticmethod
+    def _parse(prep: PreparedChat, parser: ToolCallParser, chunk: dict) -> list[ParsedEvent]:
+        events = parser.feed(chunk["text"])
+        finish = chunk["meta_info"]["finish_reason"]
+        if finish is not None:
+            if prep.stop_after_first_call and finish.get("matched") == CALL_CLOSE:
+                events += parser.feed(CALL_CLOSE)  # the stop string was cut from the text
+            events += parser.finish()
+        return events
+
+    def _logprobs(self, params: SamplingParams, chunk: dict) -> list[TokenLogprob]:
+        meta = chunk["meta_info"]
+        tokens = meta.get("output_token_logprobs")
+        if not params.logprobs or not tokens:
+            return []
+        tops = meta.get("output_top_logprobs") or [[] for _ in tokens]
+        table = self.engine.vocab.token_bytes
+        out = []
+        for (lp, tid, text), top in zip(tokens, tops):
+            alternatives = [TopLogprob(token=t, logprob=clamp_logprob(v), bytes=_bytes(table, i, t)) for v, i, t in top[: params.top_logprobs_num]]
+            out.append(TokenLogprob(token=text, logprob=clamp_logprob(lp), bytes=_bytes(table, tid, text), top_logprobs=alternatives))
+        return out
+
+
+def _message_dict(message: ChatMessage, position: int) -> dict[str, Any]:
+    content = message.content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if part.type != "text" or part.text is None:
+                raise bad_request(f"messages[{position}].content: part type {part.type!r} is not supported (text only)", param=f"messages[{position}].content")
+            texts.append(part.text)
+        content = "\n".join(texts)
+    if message.role == "tool" and not message.tool_call_id:
+        raise bad_request(f"messages[{position}].tool_call_id: required for a tool message", param=f"messages[{position}].tool_call_id")
+    calls = [c.model_dump() for c in message.tool_calls] if message.tool_calls else None
+    return {
+        "role": "system" if message.role == "developer" else message.role,
+        "content": content,
+        "name": message.name,
+        "tool_calls": calls,
+        "tool_call_id": message.tool_call_id,
+    }
+
+
+def _deltas(events: list[ParsedEvent]) -> list[DeltaMessage]:
+    """Parser events -> stream deltas (consecutive content, or arguments of one call, merged)."""
+    out: list[DeltaMessage] = []
+    for e in events:
+        last = out[-1] if out else None
+        if isinstance(e, ParsedContent):
+            if last is not None and last.content is not None:
+                last.content += e.text
+            else:
+                out.append(DeltaMessage(content=e.text))
+        elif isinstance(e, ParsedCallStart):
+            start = ToolCallDelta(index=e.index, id=e.id, type="function", function=FunctionCallDelta(name=e.name, arguments=""))
+            out.append(DeltaMessage(tool_calls=[start]))
+        elif isinstance(e, ParsedArguments):
+            if last is not None and last.tool_calls and last.tool_calls[0].index == e.index:
+                fn = last.tool_calls[0].function
+                fn.arguments = (fn.arguments or "") + e.text
+            else:
+                out.append(DeltaMessage(tool_calls=[ToolCallDelta(index=e.index, function=FunctionCallDelta(arguments=e.text))]))
+    return out
+
+
+def _finish_reason(choice: Choice, mode: ToolMode, called: bool) -> str:
+    """OpenAI's: ``tool_calls`` when ``auto`` or ``required`` produced calls; a named function
+    ends with ``stop`` (as OpenAI answers it), a cut output with ``length``."""
+    assert choice.finish is not None
+    reason = openai_finish_reason(choice.finish)
+    return "tool_calls" if reason == "stop" and called and mode in ("auto", "required") else reason
+
+
+
+def _bytes(table: tuple[bytes, ...], token_id: int, text: str) -> list[int]:
+    raw = table[token_id] if 0 <= token_id < len(table) else b""
+    return list(raw or text.encode("utf-8"))
+
+
+def _response_id() -> str:
+    return "chatcmpl-" + uuid.uuid4().hex
+

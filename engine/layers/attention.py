@@ -1,0 +1,206 @@
+"""Attention over the paged KV cache, for rows of different lengths in one pass.
+
+Each layer first writes the new tokens' K and V into the pool at ``out_cache_loc``, then every
+row attends over its own tokens, read from the pool through ``req_to_token``. The per-step
+layout work (which slots each row reads, which rows share a padded block) is done once in
+``init_forward_metadata`` and reused by all layers.
+
+* Decode rows (one new token) are grouped by length: rows whose lengths are close share one
+  ``scaled_dot_product_attention`` call over a padded block, and a new group starts before the
+  padding would exceed ``MAX_PADDING_SHARE`` of the group's real tokens. A batch of mixed lengths
+  thus costs about its real tokens, not rows x the longest.
+* Extend rows (prefill, a suffix after a cached prefix, jump-forward tokens, speculative drafts)
+  run one causal SDPA each, the mask aligned to the row's last key (queries sit at the end).
+
+Padding points at slot 0, which the pool keeps zeroed, and is masked out: a padded key never
+contributes, and never reads a freed slot whose contents may be anything.
+
+Decode rows can instead go through a kernel that reads each key and value once, straight from
+the pool, without the gathered copy and the padding: on the CPU with a float32 cache the
+compiled loop of ``cpu_decode_attention`` (numba), on CUDA the Triton kernel of
+``kernels.paged_decode_attention``. The grouped SDPA path is the reference both are tested
+against, and serves the remaining cases (a bfloat16 cache on the CPU, no numba).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kernels import paged_decode_attention
+
+from . import cpu_decode_attention
+
+from ..model_executor.forward_batch import ForwardBatch
+
+MAX_PADDING_SHARE = 0.3
+MAX_DECODE_GROUPS = 8
+
+
+@dataclass
+class DecodeGroup:
+    token_index: torch.Tensor  # [b] positions of the rows' query tokens among the flat tokens
+    kv_index: torch.Tensor  # [b * L] KV slots, row-major; 0 in the padding
+    max_len: int
+    mask: torch.Tensor | None  # [b, 1, 1, L] True where a key is real; None without padding
+
+
+@dataclass
+class ExtendRow:
+    q_start: int
+    q_len: int
+    kv_index: torch.Tensor  # [S] the row's KV slots, prefix and new tokens
+    mask: torch.Tensor | None  # [q_len, S] causal, aligned at the end; None when S == q_len
+
+
+@dataclass
+class PagedDecode:
+    """Decode rows for a paged kernel: their slots flattened, no padding."""
+
+    kernel: str  # "numba" (CPU) or "triton" (CUDA)
+    token_index: torch.Tensor | None  # positions of the rows' query tokens; None = all tokens, in order
+    kv_index: torch.Tensor  # int64, the rows' slots one after another
+    kv_start: torch.Tensor  # int64 [rows]
+    kv_len: torch.Tensor  # int64 [rows]
+    max_len: int
+
+
+@dataclass
+class AttentionMetadata:
+    decode_groups: list[DecodeGroup]
+    extend_rows: list[ExtendRow]
+    paged_decode: PagedDecode | None = None
+
+
+def group_decode_rows(lengths: list[int]) -> list[list[int]]:
+    """Rows (indices into ``lengths``) in groups of similar length, longest first."""
+    order = sorted(range(len(lengths)), key=lambda r: -lengths[r])
+    groups: list[list[int]] = []
+    real = 0  # real tokens of the current (last) group
+    for r in order:
+        if groups:
+            group = groups[-1]
+            padded = lengths[group[0]] * (len(group) + 1)
+            if padded <= (1 + MAX_PADDING_SHARE) * (real + lengths[r]) or len(groups) == MAX_DECODE_GROUPS:
+                group.append(r)
+                real += lengths[r]
+                continue
+        groups.append([r])
+        real = lengths[r]
+    return groups
+
+
+class TorchAttention:
+    """The attention backend: SDPA over gathered K/V, and a paged decode kernel where one applies
+    (``use_paged_kernel``; default: numba on a float32 CPU pool, Triton on CUDA)."""
+
+    def __init__(self, use_paged_kernel: bool | None = None) -> None:
+        self.use_paged_kernel = use_paged_kernel
+
+    def _paged_kernel(self, batch: ForwardBatch) -> str | None:
+        if self.use_paged_kernel is False:
+            return None
+        pool = batch.token_to_kv_pool
+        if pool.device.type == "cuda":
+            return "triton"
+        if pool.device.type == "cpu" and pool.dtype == torch.float32 and cpu_decode_attention.available():
+            return "numba"
+        return None
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> AttentionMetadata:
+        table = batch.req_to_token_pool.req_to_token
+        decode = [r for r in range(batch.batch_size) if batch.extend_seq_lens_cpu[r] == 1]
+        kernel = self._paged_kernel(batch) if decode else None
+        if kernel is not None:
+            return AttentionMetadata([], self._extend_rows(batch, table), self._paged_decode(batch, table, decode, kernel))
+        groups = []
+        for rows in group_decode_rows([batch.seq_lens_cpu[r] for r in decode]):
+            groups.append(self._decode_group(batch, table, [decode[i] for i in rows]))
+        return AttentionMetadata(groups, self._extend_rows(batch, table))
+
+    @staticmethod
+    def _paged_decode(batch: ForwardBatch, table: torch.Tensor, rows: list[int], kernel: str) -> PagedDecode:
+        device = table.device
+        lens = [batch.seq_lens_cpu[r] for r in rows]
+        slots = torch.cat([table[int(batch.req_pool_indices[r]), :n] for r, n in zip(rows, lens)])
+        starts = [0] * len(rows)
+        for i in range(1, len(rows)):
+            starts[i] = starts[i - 1] + lens[i - 1]
+        long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
+        all_rows = len(rows) == batch.num_tokens
+        token_index = None if all_rows else long([batch.extend_start_loc_cpu[r] for r in rows])
+        return PagedDecode(kernel, token_index, slots, long(starts), long(lens), max(lens))
+
+    @staticmethod
+    def _extend_rows(batch: ForwardBatch, table: torch.Tensor) -> list[ExtendRow]:
+        extend = []
+        for r in range(batch.batch_size):
+            n = batch.extend_seq_lens_cpu[r]
+            if n == 1:
+                continue
+            seq = batch.seq_lens_cpu[r]
+            slots = table[int(batch.req_pool_indices[r]), :seq]
+            mask = None
+            if seq != n:
+                q_pos = torch.arange(seq - n, seq, device=table.device).unsqueeze(1)
+                mask = torch.arange(seq, device=table.device).unsqueeze(0) <= q_pos
+            extend.append(ExtendRow(batch.extend_start_loc_cpu[r], n, slots, mask))
+        return extend
+
+    @staticmethod
+    def _decode_group(batch: ForwardBatch, table: torch.Tensor, rows: list[int]) -> DecodeGroup:
+        device = table.device
+        lens = [batch.seq_lens_cpu[r] for r in rows]
+        longest = max(lens)
+        token_index = torch.tensor([batch.extend_start_loc_cpu[r] for r in rows], dtype=torch.int64, device=device)
+        slots = table[batch.req_pool_indices[rows], :longest]
+        mask = None
+        if min(lens) != longest:
+            real = torch.arange(longest, device=device).unsqueeze(0) < torch.tensor(lens, device=device).unsqueeze(1)
+            slots = torch.where(real, slots, torch.zeros_like(slots))
+            mask = real[:, None, None, :]
+        return DecodeGroup(token_index, slots.reshape(-1), longest, mask)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        """q [T, heads, d], k/v [T, kv_heads, d] of the new tokens -> attention output [T, heads, d]."""
+        pool = batch.token_to_kv_pool
+        pool.set_kv(layer, batch.out_cache_loc, k, v)
+        k_buf, v_buf = pool.k_buffer[layer], pool.v_buffer[layer]
+        meta: AttentionMetadata = batch.attn_metadata
+        out = torch.empty_like(q)
+        heads, dim = q.shape[1], q.shape[2]
+        if meta.paged_decode is not None:
+            self._paged_decode_forward(q, k_buf, v_buf, meta.paged_decode, out)
+        for g in meta.decode_groups:
+            b = g.token_index.numel()
+            qg = q.index_select(0, g.token_index).view(b, heads, 1, dim)
+            kg = k_buf.index_select(0, g.kv_index).view(b, g.max_len, -1, dim).transpose(1, 2)
+            vg = v_buf.index_select(0, g.kv_index).view(b, g.max_len, -1, dim).transpose(1, 2)
+            og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, enable_gqa=True)
+            out.index_copy_(0, g.token_index, og.view(b, heads, dim))
+        for row in meta.extend_rows:
+            qr = q[row.q_start : row.q_start + row.q_len].transpose(0, 1).unsqueeze(0)
+            kr = k_buf.index_select(0, row.kv_index).transpose(0, 1).unsqueeze(0)
+            vr = v_buf.index_select(0, row.kv_index).transpose(0, 1).unsqueeze(0)
+            causal = row.mask is None
+            orow = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=row.mask, is_causal=causal, enable_gqa=True)
+            out[row.q_start : row.q_start + row.q_len] = orow[0].transpose(0, 1)
+        return out
+
+    @staticmethod
+    def _paged_decode_forward(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pd: PagedDecode, out: torch.Tensor) -> None:
+        heads, dim, kv_heads = q.shape[1], q.shape[2], k_buf.shape[1]
+        qd = (q if pd.token_index is None else q.index_select(0, pd.token_index)).contiguous()
+        od = out if pd.token_index is None else torch.empty_like(qd)
+        if pd.kernel == "triton":
+            paged_decode_attention(qd, k_buf, v_buf, pd.kv_index, pd.kv_start, pd.kv_len, od, max_len=pd.max_len)
+        else:
+            cpu_decode_attention.kernel_for(dim, heads // kv_heads)(
+                qd.numpy(), k_buf.view(-1, dim).numpy(), v_buf.view(-1, dim).numpy(), pd.kv_index.numpy(),
+                pd.kv_start.numpy(), pd.kv_len.numpy(), od.numpy(), np.float32(dim**-0.5), kv_heads,
+            )  # fmt: skip
+        if pd.token_index is not None:
+            out.index_copy_(0, pd.token_index, od)

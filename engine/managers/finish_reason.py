@@ -1,0 +1,55 @@
+"""Typed finish reasons, reported as SGLang reports them (``to_json``):
+
+* ``{"type": "stop", "matched": <token id>}``: EOS, a ``stop_token_ids`` entry, or the token that
+  ended the grammar;
+* ``{"type": "stop", "matched": "<stop string>"}``: a stop string (removed from the text);
+* ``{"type": "length", "length": n}``: ``max_new_tokens`` or the context limit;
+* ``{"type": "abort", "message": "..."}``: refused grammar, grammar budget, abort by the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    def to_json(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @property
+    def kind(self) -> str:
+        return str(self.to_json()["type"])
+
+
+@dataclass(frozen=True)
+class FinishMatchedToken(FinishReason):
+    matched: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "stop", "matched": self.matched}
+
+
+@dataclass(frozen=True)
+class FinishMatchedStr(FinishReason):
+    matched: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "stop", "matched": self.matched}
+
+
+@dataclass(frozen=True)
+class FinishLength(FinishReason):
+    length: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "length", "length": self.length}
+
+
+@dataclass(frozen=True)
+class FinishAbort(FinishReason):
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "abort", "message": self.message}

@@ -1,0 +1,47 @@
+"""What travels between the Engine, the Scheduler and the detokenizer.
+
+* ``BatchTokenIDOutput``: one scheduler step's results for the requests that report this step
+  (streaming ones with new tokens, and every request that finished): new token ids, finish
+  reasons, logprobs and hidden states of those tokens, token counts.
+* ``BatchStrOutput``: the same after incremental detokenization, with the text delta of each
+  request (never splitting a UTF-8 character, stop strings removed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .finish_reason import FinishReason
+
+
+@dataclass
+class ReqStepOutput:
+    rid: str
+    new_token_ids: list[int]
+    finished_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    skip_special_tokens: bool = True
+    stop_strings: tuple[str, ...] = ()
+    output_token_logprobs: list[tuple[float, int]] | None = None  # for new_token_ids
+    output_top_logprobs: list[list[tuple[float, int]]] | None = None
+    input_token_logprobs: list[tuple[float | None, int]] | None = None  # sent once
+    hidden_states: list[list[float]] | None = None
+    forced_tokens: int = 0  # of completion_tokens, appended by jump-forward
+
+
+@dataclass
+class BatchTokenIDOutput:
+    outputs: list[ReqStepOutput] = field(default_factory=list)
+
+
+@dataclass
+class ReqStrOutput:
+    step: ReqStepOutput
+    text_delta: str
+
+
+@dataclass
+class BatchStrOutput:
+    outputs: list[ReqStrOutput] = field(default_factory=list)

@@ -1,0 +1,1 @@
+"""Where a model runs: ``ForwardBatch`` (tensors only) in, ``LogitsProcessorOutput`` out."""

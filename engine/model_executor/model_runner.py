@@ -1,0 +1,125 @@
+"""``ModelRunner``: owns the model, the KV memory and the sampler; runs ``ForwardBatch``es.
+
+    runner = ModelRunner()                       # the embedded SmolLM2-135M-Instruct
+    locs = runner.token_to_kv_pool.alloc(len(ids)); slot = runner.req_to_token_pool.alloc()[0]
+    batch = ForwardBatch.init_new([ForwardInput(slot, 0, ids, locs)], runner.req_to_token_pool,
+                                  runner.token_to_kv_pool, sampling_info=info)
+    out = runner.forward(batch)                  # LogitsProcessorOutput
+    tokens = runner.sample(out, batch)           # SamplerOutput (grammar mask, penalties, ...)
+
+The KV pool is sized once, from ``max_total_tokens`` or from ``mem_fraction`` of the memory free
+after the weights are loaded; ``max_running_requests`` sizes the request-slot pool. Everything
+runs under ``torch.inference_mode``. The runner never sees a scheduler object: the batch is
+tensors and lengths only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ..layers import cpu_decode_attention
+from ..layers.attention import TorchAttention
+from ..layers.logits import LogitsProcessorOutput, compute_logits
+from ..mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from ..models.config import ModelConfig
+from ..models.llama import LlamaForCausalLM
+from ..models.loader import load_model, resolve_dtype
+from ..sampling.sampler import Sampler, SamplerOutput
+from .forward_batch import ForwardBatch
+
+# Never size the KV pool below this many tokens, whatever mem_fraction says.
+MIN_KV_TOKENS = 256
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str] | None = None,
+        *,
+        dtype: str | torch.dtype = "auto",
+        device: str | torch.device = "cpu",
+        max_total_tokens: int | None = None,
+        mem_fraction: float = 0.2,
+        max_running_requests: int = 64,
+        context_length: int | None = None,
+        num_threads: int | None = None,
+        model: LlamaForCausalLM | None = None,
+    ) -> None:
+        """``model``: run this already-loaded model (e.g. a draft sharing the target's layers)
+        instead of loading ``model_path``; ``dtype`` is then the model's."""
+        if not 0.0 < mem_fraction <= 1.0:
+            raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
+        if max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.device = torch.device(device)
+        self.model_path = Path(model_path) if model_path is not None else _default_model_path()
+        if model is not None:
+            self.model, self.model_config = model, model.config
+            self.dtype = model.embed_tokens.dtype
+        else:
+            if not self.model_path.is_dir():
+                raise FileNotFoundError(f"model folder {self.model_path} does not exist")
+            self.model_config = ModelConfig.from_folder(self.model_path)
+            self.dtype = resolve_dtype(dtype, self.device)
+            self.model = load_model(self.model_path, self.dtype, self.device)
+        self.context_len = self.model_config.context_len
+        if context_length is not None:
+            if context_length < 2:
+                raise ValueError(f"context_length must be >= 2, got {context_length}")
+            self.context_len = min(self.context_len, context_length)
+        cfg = self.model_config
+        per_token = TokenToKVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        if max_total_tokens is None:
+            max_total_tokens = self._kv_tokens_from_memory(mem_fraction, per_token, max_running_requests)
+        if max_total_tokens < 1:
+            raise ValueError(f"max_total_tokens must be >= 1, got {max_total_tokens}")
+        self.max_total_tokens = max_total_tokens
+        self.req_to_token_pool = ReqToTokenPool(max_running_requests, self.context_len, self.device)
+        self.token_to_kv_pool = TokenToKVPool(
+            max_total_tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device
+        )
+        self.attn_backend = TorchAttention()
+        cpu_decode_attention.set_threads(torch.get_num_threads())
+        self.sampler = Sampler()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    def _kv_tokens_from_memory(self, fraction: float, per_token: int, max_requests: int) -> int:
+        if self.device.type == "cuda":
+            free = torch.cuda.mem_get_info(self.device)[0]
+        else:
+            import psutil
+
+            free = psutil.virtual_memory().available
+        tokens = int(free * fraction) // per_token
+        return max(MIN_KV_TOKENS, min(tokens, max_requests * self.context_len))
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> LogitsProcessorOutput:
+        batch.attn_metadata = self.attn_backend.init_forward_metadata(batch)
+        hidden = self.model(batch, self.attn_backend)
+        return compute_logits(hidden, self.model.lm_head, batch)
+
+    @torch.inference_mode()
+    def sample(self, output: LogitsProcessorOutput, batch: ForwardBatch, rows: list[int] | None = None) -> SamplerOutput:
+        """The sampling step: grammar bitmask, penalties, temperature / top-k / top-p / min-p,
+        seeds, logprobs (``batch.sampling_info`` says which). ``rows``: the logits rows that
+        sample (rows still mid-prefill do not), in the order of ``sampling_info``; default all."""
+        assert batch.sampling_info is not None, "sampling needs the batch's SamplingBatchInfo"
+        logits = output.next_token_logits
+        if rows is not None and len(rows) != logits.shape[0]:
+            logits = logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=logits.device))
+        return self.sampler.sample(logits, batch.sampling_info)
+
+
+def _default_model_path() -> Path:
+    from ..hf.model_files import default_model_dir
+
+    return default_model_dir()

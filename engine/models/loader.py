@@ -1,0 +1,145 @@
+"""Model folder -> ``LlamaForCausalLM`` on a device, in a dtype: safetensors read directly.
+
+A Hugging Face folder holds ``config.json`` and one or more ``*.safetensors`` files (sharded
+checkpoints list their shards in ``model.safetensors.index.json``). Each tensor is read once,
+converted to the target dtype and placed into the fused layout of ``models.llama``; a tensor the
+architecture needs but the checkpoint lacks is a ``ModelLoadError`` naming it.
+
+``dtype="auto"`` picks a half-precision type where the hardware multiplies it fast: bfloat16 on
+GPUs that support it (else float16); on the CPU, bfloat16 when a quick matrix-vector timing at
+load shows it clearly faster than float32 (decode is bound by reading weights, and half the bytes
+pays only where the CPU converts bfloat16 cheaply), else float32.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from ..layers.rotary import RotaryEmbedding
+from .config import ModelConfig, ModelLoadError
+from .llama import LlamaForCausalLM
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}  # fmt: skip
+# bfloat16 must beat float32 by this factor in the load-time timing to be chosen on the CPU.
+AUTO_BF16_MIN_SPEEDUP = 1.3
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cpu_bf16_speedup() >= AUTO_BF16_MIN_SPEEDUP else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_bf16_speedup() -> float:
+    """float32 time / bfloat16 time of a weight-sized matrix-vector product on this CPU."""
+    x32 = torch.randn(1, 1024)
+    w32 = torch.randn(8192, 1024)
+    x16, w16 = x32.bfloat16(), w32.bfloat16()
+
+    def best(x: torch.Tensor, w: torch.Tensor) -> float:
+        times = []
+        for _ in range(7):
+            start = time.perf_counter()
+            for _ in range(4):
+                torch.nn.functional.linear(x, w)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    with torch.inference_mode():
+        return best(x32, w32) / best(x16, w16)
+
+
+def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+    folder = Path(folder)
+    cfg = ModelConfig.from_folder(folder)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    tensors = _TensorSource(folder)
+    put = lambda module, name, t: setattr(module, name, nn.Parameter(t.to(device, dtype), requires_grad=False))  # noqa: E731
+    put(model, "embed_tokens", tensors.get("model.embed_tokens.weight"))
+    put(model.norm, "weight", tensors.get("model.norm.weight"))
+    for i, layer in enumerate(model.layers):
+        _load_layer(layer, cfg, tensors, f"model.layers.{i}.", put)
+    if cfg.tie_word_embeddings:
+        model.lm_head = model.embed_tokens
+    else:
+        put(model, "lm_head", tensors.get("lm_head.weight"))
+    model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.context_len, dtype, device)
+    return model.eval()
+
+
+def _load_layer(layer: nn.Module, cfg: ModelConfig, tensors: _TensorSource, prefix: str, put) -> None:  # type: ignore[no-untyped-def]
+    attn, mlp = layer.self_attn, layer.mlp
+    cat = lambda *names: torch.cat([tensors.get(prefix + n) for n in names])  # noqa: E731
+    put(attn, "qkv_proj", cat("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"))
+    if cfg.qkv_bias:
+        put(attn, "qkv_bias", cat("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"))
+    put(attn, "o_proj", tensors.get(prefix + "self_attn.o_proj.weight"))
+    if cfg.o_bias:
+        put(attn, "o_bias", tensors.get(prefix + "self_attn.o_proj.bias"))
+    put(mlp, "gate_up_proj", cat("mlp.gate_proj.weight", "mlp.up_proj.weight"))
+    put(mlp, "down_proj", tensors.get(prefix + "mlp.down_proj.weight"))
+    if cfg.mlp_bias:
+        put(mlp, "gate_up_bias", cat("mlp.gate_proj.bias", "mlp.up_proj.bias"))
+        put(mlp, "down_bias", tensors.get(prefix + "mlp.down_proj.bias"))
+    put(layer.input_layernorm, "weight", tensors.get(prefix + "input_layernorm.weight"))
+    put(layer.post_attention_layernorm, "weight", tensors.get(prefix + "post_attention_layernorm.weight"))
+
+
+class _TensorSource:
+    """Tensor name -> tensor, across the folder's safetensors shards, opened lazily."""
+
+    def __init__(self, folder: Path) -> None:
+        from safetensors import safe_open
+
+        self._open = safe_open
+        self.folder = folder
+        self._where: dict[str, Path] = {}
+        self._handles: dict[Path, object] = {}
+        for shard in self._shards():
+            with safe_open(str(shard), framework="pt") as f:
+                for name in f.keys():
+                    self._where[name] = shard
+        if not self._where:
+            raise ModelLoadError(f"{folder}: no *.safetensors weights found")
+
+    def _shards(self) -> Iterator[Path]:
+        index = self.folder / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+            for name in sorted(set(weight_map.values())):
+                path = self.folder / name
+                if not path.is_file():
+                    raise ModelLoadError(f"{index} lists shard {name}, which does not exist")
+                yield path
+            return
+        yield from sorted(self.folder.glob("*.safetensors"))
+
+    def get(self, name: str) -> torch.Tensor:
+        path = self._where.get(name)
+        if path is None:
+            raise ModelLoadError(f"{self.folder}: tensor {name!r} is missing from the checkpoint")
+        handle = self._handles.get(path)
+        if handle is None:
+            handle = self._handles[path] = self._open(str(path), framework="pt")
+        return handle.get_tensor(name)  # type: ignore[attr-defined]
