@@ -5,33 +5,30 @@ using the same constraint: the lazy byte automaton, the vocabulary trie and the 
 cache only grow. Per-request state lives in ``GrammarMatcher``.
 
 Compilation does only parsing and NFA construction; determinization and masks happen on demand,
-so time to first mask is parse + NFA + the first state's trie walk.
+so time to first mask is parse + NFA + the first state's trie walk (an eager precompute of the
+first states' masks is available through ``CompileBudget.eager_mask_seconds``, off by default).
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import ir
 from .automaton import DEAD, AutomatonBudget, LazyAutomaton
-from .bitmask import BITMASK_DTYPE, bitmask_width, pack_bool_mask
+from .bitmask import bitmask_width, pack_bool_mask
 from .completion import CompletionDistance
 from .fsm import build_nfa
-from .token_masks import mask_computer_for, precompute_masks
+from .lru import ByteLRU
+from .token_masks import GrammarMasks, vocabulary_masks
 from .vocab import TokenVocabulary
 
 
-# In recursive grammars, states deeper than this share the mask of their top KEEP_TOP_FRAMES
-# frames, unless more than MAX_UNCERTAIN_SHARE of the vocabulary could pop below them.
-# (Non-recursive grammars have finitely many states and keep the string-region shortcuts.)
-TRUNCATE_ABOVE_DEPTH = 3
-KEEP_TOP_FRAMES = 2
-MAX_UNCERTAIN_SHARE = 0.1
-# Grammars whose NFA has at most this many states have their masks computed eagerly.
+# With CompileBudget.eager_mask_seconds > 0, grammars whose NFA has at most this many states
+# have the masks of their states nearest the start computed at compile time.
 EAGER_MAX_NFA_STATES = 1500
 # Budget-aware masks look this many tokens ahead; a larger remaining budget counts as unlimited.
 BUDGET_HORIZON = 512
@@ -44,7 +41,9 @@ class CompileBudget:
     max_nfa_states: int = 2_000_000
     max_compile_seconds: float = 20.0
     # Time spent at compile time computing masks of the states nearest the start (0: all lazy).
-    eager_mask_seconds: float = 0.2
+    # Off by default: with the compiled walk a cold mask costs less than the precompute adds to
+    # time to first mask (BENCHMARKS.md, issue 10: regexes and MaskBench, TTFM + walk time).
+    eager_mask_seconds: float = 0.0
     max_automaton_states: int = 250_000
     max_stack_depth: int = 50_000
     max_mask_cache_bytes: int = 64 << 20
@@ -72,35 +71,20 @@ class CompiledGrammar:
             self.nfa,
             AutomatonBudget(max_states=self.budget.max_automaton_states, max_stack_depth=self.budget.max_stack_depth),
         )
-        self.masks = mask_computer_for(vocab)
-        self.trie = self.masks.trie
+        self.vocabulary_masks = vocabulary_masks(vocab)
+        self.trie = self.vocabulary_masks.trie
+        self.masks = GrammarMasks(
+            self.automaton, self.vocabulary_masks, recursive=self.nfa.recursive, cache_bytes=self.budget.max_mask_cache_bytes
+        )
         self.mask_width = bitmask_width(vocab.vocab_size)
-        self._max_cached_masks = max(16, self.budget.max_mask_cache_bytes // (4 * self.mask_width))
-        self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
         self._token_next: dict[tuple[int, int], int] = {}
         self._distance: CompletionDistance | None = None
-        self._after: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._after: ByteLRU[tuple[np.ndarray, np.ndarray]] = ByteLRU(8 << 20, lambda a: a[0].nbytes + a[1].nbytes)
         self._max_after: dict[int, int] = {}
-        self._truncated: OrderedDict[int, tuple[np.ndarray, np.ndarray] | bool] = OrderedDict()
-        self._truncation_useful = True
-        self._truncation_misses = 0
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # guards the lazily built completion distances
         self.eos_token_ids = frozenset(vocab.eos_token_ids)
-        # Small automata (most regexes) get all their masks up front; big ones stay lazy.
         if self.budget.eager_mask_seconds > 0 and self.nfa.num_states <= EAGER_MAX_NFA_STATES:
-            self._precompute(self.budget.eager_mask_seconds)
-
-    def _precompute(self, seconds: float) -> None:
-        """Fill the mask cache for the states nearest the start, within ``seconds``."""
-        import time
-
-        rows = precompute_masks(self.masks, self.automaton, time.monotonic() + seconds)
-        eos_words = [(int(e) // 32, np.int32(np.uint32(1 << (int(e) % 32)).view(np.int32))) for e in self.trie.eos_ids]
-        for state, row in rows.items():
-            if self.automaton.accepting[state]:
-                for word, bit in eos_words:
-                    row[word] |= bit
-            self._masks[state] = row
+            self.masks.precompute(time.monotonic() + self.budget.eager_mask_seconds)
 
     @property
     def initial_state(self) -> int:
@@ -108,70 +92,9 @@ class CompiledGrammar:
 
     # ------------------------------------------------------------------ masks
     def token_mask(self, state: int) -> np.ndarray:
-        """Packed int32 mask row of the tokens allowed in ``state`` (cached per state)."""
-        with self._lock:
-            row = self._masks.get(state)
-            if row is not None:
-                self._masks.move_to_end(state)
-                return row
-            row = None
-            if (
-                self._truncation_useful
-                and self.nfa.recursive
-                and self.automaton.max_depth(state) > TRUNCATE_ABOVE_DEPTH
-                and self.masks._region_of(self.automaton, state) is None  # string-like: own shortcut
-            ):
-                row = self._truncated_mask(state)
-            if row is None:
-                allowed, _ = self.masks.allowed(self.automaton, state)
-                if self.automaton.accepting[state]:
-                    allowed[self.trie.eos_ids] = True
-                row = pack_bool_mask(allowed)
-            self._masks[state] = row
-            if len(self._masks) > self._max_cached_masks:
-                self._masks.popitem(last=False)
-            return row
-
-    def _truncated_mask(self, state: int) -> np.ndarray | None:
-        """The mask of a deeply nested state from the shared mask of its top frames (see
-        ``LazyAutomaton.truncate``): tokens that would pop below them are checked against the
-        real stack, token-major. None when too many tokens would need that check."""
-        top = self.automaton.truncate(state, KEEP_TOP_FRAMES)
-        entry = self._truncated.get(top)
-        if entry is None:
-            allowed, uncertain = self.masks.walk_truncated(self.automaton, top)
-            if len(uncertain) > MAX_UNCERTAIN_SHARE * len(self.trie.sorted_ids):
-                entry = False
-                # Adaptive: a grammar whose truncated states keep leaking (JSON schemas whose
-                # only recursion is "any JSON value") stops paying for the attempt.
-                self._truncation_misses += 1
-                hits = len(self._truncated) - self._truncation_misses
-                if self._truncation_misses >= 4 and self._truncation_misses > hits:
-                    self._truncation_useful = False
-            else:
-                uncertain = uncertain[~allowed[self.trie.sorted_ids[uncertain]]]
-                entry = (pack_bool_mask(allowed), uncertain)
-            self._truncated[top] = entry
-            if len(self._truncated) > 1024:
-                self._truncated.popitem(last=False)
-        if entry is False:
-            return None
-        packed, uncertain = entry
-        row = packed.copy()
-        ids: list[int] = []
-        if len(uncertain):
-            ok = self.masks._simulate(self.automaton, uncertain, np.full(len(uncertain), state, dtype=np.int32), 0)
-            ids = self.trie.sorted_ids[uncertain[ok]].tolist()
-        if self.automaton.accepting[state]:
-            ids += self.trie.eos_ids.tolist()
-        if len(self.trie.dup_src) and ids:
-            extra = np.isin(self.trie.dup_src, ids)
-            ids += self.trie.dup_dst[extra].tolist()
-        if ids:
-            arr = np.array(ids, dtype=np.int64)
-            bits = (np.uint32(1) << (arr & 31).astype(np.uint32)).view(np.int32)
-            np.bitwise_or.at(row, arr >> 5, bits)
-        return row
+        """Packed int32 mask row of the tokens allowed in ``state`` (cached per state; shared,
+        so callers copy it and never write to it)."""
+        return self.masks.row(state)
 
     def budgeted_token_mask(self, state: int, remaining_tokens: int) -> np.ndarray:
         """Tokens after which a complete document still fits in ``remaining_tokens`` tokens in all
@@ -180,37 +103,31 @@ class CompiledGrammar:
         Budgets beyond ``BUDGET_HORIZON`` tokens are treated as unlimited."""
         if remaining_tokens > BUDGET_HORIZON:
             return self.token_mask(state)
-        with self._lock:
-            worst = self._max_after.get(state)
-            if worst is not None and worst <= remaining_tokens - 2:
-                return self.token_mask(state)
-            ids, dists = self._distances_after_token(state)
-            if len(dists) == 0 or int(dists.max()) <= remaining_tokens - 2:
-                return self.token_mask(state)
-            budgeted = np.zeros(self.vocab.vocab_size, dtype=bool)
-            budgeted[ids[dists <= remaining_tokens - 2]] = True
-            if self.automaton.accepting[state]:
-                budgeted[self.trie.eos_ids] = True
-            if not budgeted.any():
-                return self.token_mask(state)
-            return pack_bool_mask(budgeted)
+        worst = self._max_after.get(state)
+        if worst is not None and worst <= remaining_tokens - 2:
+            return self.token_mask(state)
+        ids, dists = self._distances_after_token(state)
+        if len(dists) == 0 or int(dists.max()) <= remaining_tokens - 2:
+            return self.token_mask(state)
+        budgeted = np.zeros(self.vocab.vocab_size, dtype=bool)
+        budgeted[ids[dists <= remaining_tokens - 2]] = True
+        if self.automaton.accepting[state]:
+            budgeted[self.trie.eos_ids] = True
+        if not budgeted.any():
+            return self.token_mask(state)
+        return pack_bool_mask(budgeted)
 
     def _distances_after_token(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         """Allowed token ids of ``state`` and the shortest completion (bytes) after each."""
         hit = self._after.get(state)
         if hit is None:
-            allowed, end_state = self.masks.allowed(self.automaton, state, want_states=True)
-            ids = np.flatnonzero(allowed)
-            ends = end_state[ids]
+            ids, ends = self.masks.allowed_with_end_states(state)
             uniq, inverse = np.unique(ends, return_inverse=True)
             dists = np.minimum(self.distance.distances(uniq), np.iinfo(np.int32).max)[inverse]
-            hit = (ids.astype(np.int32), dists.astype(np.int32))
             # One int per state answers most later budget checks; the arrays (one entry per
-            # allowed token) are kept only for the few most recent states.
+            # allowed token) are kept only for a few recent states.
             self._max_after[state] = int(dists.max()) if len(dists) else 0
-            self._after[state] = hit
-            if len(self._after) > 8:
-                self._after.popitem(last=False)
+            hit = self._after.put(state, (ids, dists.astype(np.int32)))
         return hit
 
     @property
@@ -230,13 +147,35 @@ class CompiledGrammar:
             if not 0 <= token_id < self.vocab.vocab_size or token_id in self.vocab.special_token_ids:
                 return DEAD
             data = self.vocab.token_bytes[token_id]
-            with self._lock:
-                nxt = self.automaton.step_bytes(state, data) if data else DEAD
+            nxt = self.automaton.step_bytes(state, data) if data else DEAD
             self._token_next[key] = nxt
         return nxt
 
+    def step_bytes(self, state: int, data: bytes) -> int:
+        """State after the raw bytes ``data``, or -1."""
+        return self.automaton.step_bytes(state, data)
+
     def is_accepting(self, state: int) -> bool:
         return self.automaton.is_accepting(state)
+
+    def forced_bytes(self, state: int, limit: int = 4096) -> bytes:
+        """The bytes the grammar admits as the only way forward from ``state`` (stops where
+        there is a choice or where the input may end)."""
+        automaton = self.automaton
+        out = bytearray()
+        while not automaton.accepting[state] and len(out) < limit:
+            automaton.expand(state)
+            row = automaton.table[state]
+            live = np.flatnonzero(row >= 0)
+            if len(live) != 1:
+                break
+            out.append(int(live[0]))
+            state = int(row[live[0]])
+        return bytes(out)
+
+    def shortest_completion(self, state: int) -> bytes:
+        """One shortest byte string that completes the match from ``state``."""
+        return self.distance.shortest_completion(state)
 
 
 def compile_grammar(

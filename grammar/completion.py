@@ -2,8 +2,8 @@
 
 Per NFA state we compute ``d[q]``, the fewest bytes from ``q`` to the final state of its own rule
 (a call edge costs the callee's shortest length). A stack's distance is then ``d[top]`` plus the
-distances of the return states below it, memoized per interned stack; a configuration's is the
-minimum over its stacks (0 when it accepts). This is what budget-aware masks and
+distances of the return states below it, memoized per stack node (the cheapest parent counts); a
+configuration's is the minimum over its stacks (0 when it accepts). This is what budget-aware masks and
 ``GrammarMatcher.shortest_completion`` stand on.
 """
 
@@ -61,17 +61,24 @@ class CompletionDistance:
         self._stack_dist: dict[int, int] = {}
         self._config_dist: dict[int, int] = {}
 
-    def stack_distance(self, sid: int) -> int:
-        chain = []
-        stacks = self.automaton._stacks
-        while sid >= 0 and sid not in self._stack_dist:
-            chain.append(sid)
-            sid = stacks[sid][1]
-        total = self._stack_dist.get(sid, 0) if sid >= 0 else 0
-        for x in reversed(chain):
-            total = min(INF, total + self.state_dist[stacks[x][0]])
-            self._stack_dist[x] = total
-        return total
+    def stack_distance(self, nid: int) -> int:
+        """Fewest bytes until the stacks of node ``nid`` (its top state over any of its
+        parents) are all popped. Parents first, without recursion however deep the stack."""
+        memo = self._stack_dist
+        if nid in memo:
+            return memo[nid]
+        frame = self.automaton.frame
+        todo, seen = [nid], {nid}
+        while todo:
+            for p in frame(todo.pop())[1]:
+                if p >= 0 and p not in memo and p not in seen:
+                    seen.add(p)
+                    todo.append(p)
+        for n in sorted(seen):  # a node's parents have smaller ids
+            q, parents = frame(n)
+            below = min((memo[p] if p >= 0 else 0 for p in parents), default=0)
+            memo[n] = min(INF, self.state_dist[q] + below)
+        return memo[nid]
 
     def config_distance(self, state: int) -> int:
         if state < 0:
@@ -83,7 +90,7 @@ class CompletionDistance:
         if a.accepting[state]:
             dist = 0
         else:
-            dist = min((self.stack_distance(s) for s in a._configs[state]), default=INF)
+            dist = min((self.stack_distance(s) for s in a.config_stacks(state)), default=INF)
         self._config_dist[state] = dist
         return dist
 

@@ -13,12 +13,14 @@ position is one contiguous byte range), so the automaton only ever sees bytes.
 from __future__ import annotations
 
 import functools
-import sys
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from . import ir
-from .errors import GrammarBudgetError, GrammarError
+from .errors import GrammarBudgetError
+from .rule_graph import RuleGraph
 
 # A non-recursive rule referenced once is copied into its caller up to this many states.
 INLINE_MAX_STATES = 300
@@ -45,6 +47,62 @@ class ByteNFA:
     @property
     def num_states(self) -> int:
         return len(self.eps)
+
+    def arrays(self) -> "NFAArrays":
+        """The NFA in compressed-row form for the compiled determinizer (built once)."""
+        cached = self.__dict__.get("_arrays")
+        if cached is None:
+            cached = self.__dict__["_arrays"] = NFAArrays.of(self)
+        return cached
+
+    def freeze(self) -> None:
+        """Turn the per-state edge lists into tuples once built: the NFA lives as long as its
+        compiled grammar, and tuples of ints drop out of the garbage collector's tracking where
+        three lists per state would be walked by every full collection of the process."""
+        self.eps = tuple(tuple(e) for e in self.eps)  # type: ignore[assignment]
+        self.byte_edges = tuple(tuple(e) for e in self.byte_edges)  # type: ignore[assignment]
+        self.calls = tuple(tuple(c) for c in self.calls)  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class NFAArrays:
+    """A :class:`ByteNFA` as int32 arrays: edges of state q at [ptr[q], ptr[q + 1])."""
+
+    e_ptr: np.ndarray
+    e_lo: np.ndarray
+    e_hi: np.ndarray
+    e_dst: np.ndarray
+    eps_ptr: np.ndarray
+    eps_dst: np.ndarray
+    call_ptr: np.ndarray
+    call_callee: np.ndarray
+    call_ret: np.ndarray
+    final_rule: np.ndarray
+    rule_start: np.ndarray
+    tail_ret: np.ndarray  # bool: a final state with no way on (a call returning here is in tail position)
+    has_edges: np.ndarray  # bool
+
+    @classmethod
+    def of(cls, nfa: "ByteNFA") -> "NFAArrays":
+        e_ptr, edges = _csr(nfa.byte_edges, 3)
+        eps_ptr, eps = _csr([[(t,) for t in e] for e in nfa.eps], 1)
+        call_ptr, calls = _csr(nfa.calls, 2)
+        final_rule = np.array(nfa.final_rule, dtype=np.int32)
+        has_edges = np.diff(e_ptr) > 0
+        tail_ret = (final_rule >= 0) & ~has_edges & (np.diff(eps_ptr) == 0) & (np.diff(call_ptr) == 0)
+        return cls(
+            e_ptr, edges[:, 0].copy(), edges[:, 1].copy(), edges[:, 2].copy(), eps_ptr, eps[:, 0].copy(),
+            call_ptr, calls[:, 0].copy(), calls[:, 1].copy(), final_rule,
+            np.array(nfa.rule_start, dtype=np.int32), tail_ret, has_edges,
+        )
+
+
+def _csr(rows, width: int) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int32, count=len(rows))
+    ptr = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=ptr[1:])
+    flat = np.array([x for r in rows for x in r], dtype=np.int32).reshape(-1, width)
+    return ptr, flat
 
 
 @functools.lru_cache(maxsize=4096)
@@ -85,17 +143,21 @@ def _split_same_length(lo: int, hi: int, out: list[list[tuple[int, int]]]) -> No
 
 class _Builder:
     def __init__(self, grammar: ir.Grammar, max_states: int, deadline: float | None = None) -> None:
-        grammar.validate()
         self.grammar = grammar
         self.max_states = max_states
         self.deadline = deadline
         self.nfa = ByteNFA()
         self.rule_index: dict[str, int] = {}
-        self.recursive = _rules_on_cycles(grammar)
+        graph = RuleGraph.of(grammar)  # validates references, refuses left recursion
+        self.recursive = graph.recursive
+        self.ref_counts = graph.ref_counts
+        self.repeated = graph.repeated  # ids of composite nodes whose value occurs more than once
+        self._graph = graph  # keeps the nodes behind those ids alive
+        self._shared_ids: dict[int, int] = {}  # id of a repeated expression -> its rule index
         self._size_memo: dict[int, int] = {}
+        self._size_keep: list[ir.Expr] = []  # ids in _size_memo stay unique while these live
         self._inline_memo: dict[str, bool] = {}
         self.pending: list[str] = []  # rules allocated but not yet built (no recursion per rule)
-        self.occurrences, self.ref_counts = _count_occurrences(grammar)
         self.shared_rules: dict[ir.Expr, str] = {}
         self.bodies: dict[str, ir.Expr] = dict(grammar.rules)
 
@@ -148,19 +210,22 @@ class _Builder:
             self._build_one(e, s, t, work)
 
     def _build_one(self, e: ir.Expr, s: int, t: int, work: list) -> None:
-        kind = type(e)
-        if kind in _SHAREABLE and self.occurrences.get(e, 0) > 1 and self.size(e) >= SHARE_MIN_STATES:
+        if id(e) in self.repeated and self.size(e) >= SHARE_MIN_STATES:
             self._call_shared(e, s, t)
             return
-        self._dispatch[kind](self, e, s, t, work)
+        self._dispatch[type(e)](self, e, s, t, work)
 
     def _call_shared(self, e: ir.Expr, s: int, t: int) -> None:
-        """A call edge to the one rule built for ``e`` (created on first use)."""
-        name = self.shared_rules.get(e)
-        if name is None:
-            name = self.shared_rules[e] = f"__shared{len(self.shared_rules)}"
-            self.bodies[name] = e
-        self.nfa.calls[s].append((self.rule(name), t))
+        """A call edge to the one rule built for ``e`` (created on first use; value-equal
+        expressions share it, looked up by identity first: hashing deep IR is not free)."""
+        rule = self._shared_ids.get(id(e))
+        if rule is None:
+            name = self.shared_rules.get(e)
+            if name is None:
+                name = self.shared_rules[e] = f"__shared{len(self.shared_rules)}"
+                self.bodies[name] = e
+            rule = self._shared_ids[id(e)] = self.rule(name)
+        self.nfa.calls[s].append((rule, t))
 
     def _empty(self, e: ir.Empty, s: int, t: int, work: list) -> None:
         self.nfa.eps[s].append(t)
@@ -286,161 +351,63 @@ class _Builder:
 
     # -- size estimates for budgets and inlining
     def size(self, e: ir.Expr) -> int:
-        key = id(e)
-        if key in self._size_memo:
-            return self._size_memo[key]
+        """Estimated NFA states of ``e`` (post-order over distinct nodes, no recursion)."""
+        memo = self._size_memo
+        if id(e) in memo:
+            return memo[id(e)]
+        stack: list[tuple[ir.Expr, bool]] = [(e, False)]
+        while stack:
+            x, done = stack.pop()
+            if id(x) in memo:
+                continue
+            deps = self._size_deps(x)
+            if deps and not done:
+                stack.append((x, True))
+                stack.extend((d, False) for d in deps if id(d) not in memo)
+                continue
+            memo[id(x)] = min(self._size_of(x), 1 << 40)
+            self._size_keep.append(x)
+        return memo[id(e)]
+
+    def _size_deps(self, e: ir.Expr) -> tuple[ir.Expr, ...]:
+        if isinstance(e, (ir.Seq, ir.Choice)):
+            return e.items
+        if isinstance(e, ir.Repeat):
+            return (e.item,)
+        if isinstance(e, ir.Graph):
+            return tuple(x for _, x, _ in e.edges)
+        if isinstance(e, ir.Ref) and e.name not in self.recursive:
+            return (self.grammar.rules[e.name],)
+        return ()
+
+    def _size_of(self, e: ir.Expr) -> int:
+        memo = self._size_memo
         if isinstance(e, ir.Literal):
-            n = len(e.data)
-        elif isinstance(e, ir.CharClass):
-            n = 1 + 2 * len(e.ranges)
-        elif isinstance(e, (ir.Seq, ir.Choice)):
-            n = 1 + sum(self.size(i) for i in e.items)
-        elif isinstance(e, ir.Repeat):
+            return len(e.data)
+        if isinstance(e, ir.CharClass):
+            return 1 + 2 * len(e.ranges)
+        if isinstance(e, (ir.Seq, ir.Choice)):
+            return 1 + sum(memo[id(i)] for i in e.items)
+        if isinstance(e, ir.Repeat):
             copies = max(e.min if e.max is None else e.max, 1)
-            item = self.size(e.item)
-            n = 1 + (2 if copies > 1 and item >= SHARE_MIN_STATES else item) * copies
-        elif isinstance(e, ir.Graph):
-            n = 1 + len(e.edges) + sum(self.size(x) for _, x, _ in e.edges)
-        elif isinstance(e, ir.Ref):
-            n = self.size(self.grammar.rules[e.name]) if self._should_inline(e.name) else 1
-        else:
-            n = 1
-        n = min(n, 1 << 40)
-        self._size_memo[key] = n
-        return n
+            item = memo[id(e.item)]
+            return 1 + (2 if copies > 1 and item >= SHARE_MIN_STATES else item) * copies
+        if isinstance(e, ir.Graph):
+            return 1 + len(e.edges) + sum(memo[id(x)] for _, x, _ in e.edges)
+        if isinstance(e, ir.Ref):
+            return memo[id(self.grammar.rules[e.name])] if self._should_inline(e.name) else 1
+        return 1
 
     def _should_inline(self, name: str) -> bool:
-        if name in self._inline_memo:
-            return self._inline_memo[name]
-        if name in self.recursive:
-            self._inline_memo[name] = False
-            return False
-        self._inline_memo[name] = False  # provisional, guards re-entry while sizing
-        size = self.size(self.grammar.rules[name])
-        ok = size < SHARE_MIN_STATES or (self.ref_counts.get(name, 0) <= 1 and size <= INLINE_MAX_STATES)
-        self._inline_memo[name] = ok
+        ok = self._inline_memo.get(name)
+        if ok is None:
+            if name in self.recursive:
+                ok = False
+            else:
+                size = self.size(self.grammar.rules[name])
+                ok = size < SHARE_MIN_STATES or (self.ref_counts.get(name, 0) <= 1 and size <= INLINE_MAX_STATES)
+            self._inline_memo[name] = ok
         return ok
-
-
-_SHAREABLE = (ir.Seq, ir.Choice, ir.Repeat, ir.Graph)
-
-
-def _count_occurrences(grammar: ir.Grammar) -> tuple[dict[ir.Expr, int], dict[str, int]]:
-    """How often each composite subexpression (by value) and each rule reference occurs."""
-    counts: dict[ir.Expr, int] = {}
-    refs: dict[str, int] = {}
-    seen: set[int] = set()
-    stack: list[ir.Expr] = list(grammar.rules.values())
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        children = _children(e)
-        for child in children:
-            if isinstance(child, _SHAREABLE):
-                counts[child] = counts.get(child, 0) + 1
-                stack.append(child)
-            elif isinstance(child, ir.Ref):
-                refs[child.name] = refs.get(child.name, 0) + 1
-        if isinstance(e, ir.Ref):
-            refs[e.name] = refs.get(e.name, 0) + 1
-    return counts, refs
-
-
-def _children(e: ir.Expr) -> tuple[ir.Expr, ...]:
-    if isinstance(e, (ir.Seq, ir.Choice)):
-        return e.items
-    if isinstance(e, ir.Repeat):
-        return (e.item,)
-    if isinstance(e, ir.Graph):
-        return tuple(x for _, x, _ in e.edges)
-    return ()
-
-
-def _rules_on_cycles(grammar: ir.Grammar) -> set[str]:
-    """Rules that can reach themselves through references (Tarjan's SCC, iterative)."""
-    graph = {name: sorted(set(ir.iter_refs(expr))) for name, expr in grammar.rules.items()}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on_stack: set[str] = set()
-    stack: list[str] = []
-    result: set[str] = set()
-    counter = 0
-    for root in graph:
-        if root in index:
-            continue
-        work = [(root, 0)]
-        while work:
-            node, i = work.pop()
-            if i == 0:
-                index[node] = low[node] = counter
-                counter += 1
-                stack.append(node)
-                on_stack.add(node)
-            children = graph[node]
-            if i < len(children):
-                work.append((node, i + 1))
-                child = children[i]
-                if child not in index:
-                    work.append((child, 0))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    w = stack.pop()
-                    on_stack.discard(w)
-                    component.append(w)
-                    if w == node:
-                        break
-                if len(component) > 1 or node in graph[node]:
-                    result.update(component)
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[node])
-    return result
-
-
-def _check_left_recursion(nfa: ByteNFA) -> None:
-    """Refuse grammars where a rule can call itself before consuming a byte (the stack would grow
-    without bound inside one closure)."""
-    nullable = [False] * len(nfa.rule_names)
-    changed = True
-    while changed:
-        changed = False
-        for r in range(len(nfa.rule_names)):
-            if not nullable[r] and nfa.rule_final[r] in _eps_reach(nfa, nfa.rule_start[r], nullable):
-                nullable[r] = changed = True
-    left_calls = []
-    for r in range(len(nfa.rule_names)):
-        reach = _eps_reach(nfa, nfa.rule_start[r], nullable)
-        left_calls.append({callee for q in reach for callee, _ in nfa.calls[q]})
-    for r in range(len(nfa.rule_names)):
-        seen, todo = set(), list(left_calls[r])
-        while todo:
-            x = todo.pop()
-            if x == r:
-                raise GrammarError(
-                    f"rule {nfa.rule_names[r]!r} is left-recursive (it can reach itself without consuming input); "
-                    "rewrite it with repetition, e.g. `a ::= b (op b)*`"
-                )
-            if x not in seen:
-                seen.add(x)
-                todo.extend(left_calls[x])
-
-
-def _eps_reach(nfa: ByteNFA, start: int, nullable: list[bool]) -> set[int]:
-    seen, todo = {start}, [start]
-    while todo:
-        q = todo.pop()
-        nxt = list(nfa.eps[q]) + [ret for callee, ret in nfa.calls[q] if nullable[callee]]
-        for x in nxt:
-            if x not in seen:
-                seen.add(x)
-                todo.append(x)
-    return seen
 
 
 def build_nfa(grammar: ir.Grammar, max_states: int = 2_000_000, max_seconds: float | None = None) -> ByteNFA:
@@ -448,13 +415,8 @@ def build_nfa(grammar: ir.Grammar, max_states: int = 2_000_000, max_seconds: flo
     states or ``max_seconds`` seconds)."""
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     builder = _Builder(grammar, max_states, deadline)
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 20_000))  # size estimates recurse over deeply nested IR
-    try:
-        builder.nfa.root_rule = builder.rule(grammar.root)
-        builder.build_pending()
-    finally:
-        sys.setrecursionlimit(limit)
-    _check_left_recursion(builder.nfa)
+    builder.nfa.root_rule = builder.rule(grammar.root)
+    builder.build_pending()
     builder.nfa.recursive = bool(builder.recursive)
+    builder.nfa.freeze()
     return builder.nfa

@@ -84,9 +84,7 @@ class GrammarMatcher:
             return False
         if isinstance(data, str):
             data = data.encode("utf-8")
-        automaton = self.compiled.automaton
-        with self.compiled._lock:
-            nxt = automaton.step_bytes(self.state, data)
+        nxt = self.compiled.step_bytes(self.state, data)
         if nxt == DEAD:
             return False
         return self._push(nxt, data)
@@ -164,19 +162,7 @@ class GrammarMatcher:
         stops where there is a choice or where the input may end."""
         if self._terminated:
             return b""
-        automaton = self.compiled.automaton
-        out = bytearray()
-        state = self.state
-        with self.compiled._lock:
-            while not automaton.accepting[state] and len(out) < 4096:
-                automaton.expand(state)
-                row = automaton.table[state]
-                live = np.flatnonzero(row >= 0)
-                if len(live) != 1:
-                    break
-                out.append(int(live[0]))
-                state = int(row[live[0]])
-        return self._checked(_complete_utf8_prefix(bytes(out)))
+        return self._checked(_complete_utf8_prefix(self.compiled.forced_bytes(self.state)))
 
     def _checked(self, data: bytes) -> bytes:
         """The longest prefix of forced ``data`` the text check accepts."""
@@ -190,8 +176,7 @@ class GrammarMatcher:
         """One shortest byte string that completes the match from here (b"" if complete)."""
         if self._terminated:
             return b""
-        with self.compiled._lock:
-            return self.compiled.distance.shortest_completion(self.state)
+        return self.compiled.shortest_completion(self.state)
 
 
 def _complete_utf8_prefix(data: bytes) -> bytes:

@@ -1,403 +1,215 @@
-"""Allowed-token sets of automaton states: the trie walk plus the self-loop shortcut.
+"""Mask rows of automaton states: the one route from a state to its packed row.
 
-Most expensive states are "inside a free string": the automaton loops on almost every character,
-so a plain trie walk visits the whole vocabulary. For such a state ``s`` we take its *local
-region* R: ``s`` plus the states its multi-byte UTF-8 characters pass through, and the region's
-transition table with every edge leaving R marked EXIT. Every token that never leaves R is
-allowed outright; every other token leaves R at a known byte from a known region state, so only
-those tokens' *suffixes* from that byte need a trie walk. The split depends only on the region's
-shape (its canonical table) and the vocabulary, so it is computed once per shape and shared by
-every state and grammar with that shape: all the free-string states of all JSON schemas, say.
+``GrammarMatcher.fill_next_token_bitmask`` -> ``CompiledGrammar.token_mask`` ->
+:meth:`GrammarMasks.row`, which returns the grammar's cached row or computes it by the first
+route that applies:
+
+1. **string-like state** (inside a free string; ``regions.py``): the shape's split, shared by
+   every grammar of the vocabulary, plus a check of the few tokens that leave the string;
+2. **deep state of a recursive grammar**: the shared mask of its top stack frames, plus a check
+   of the tokens that could pop below them against the real stack (``LazyAutomaton.truncate``);
+3. otherwise the **trie walk** (``token_walk.walk_trie``).
+
+:class:`VocabularyMasks` is the per-vocabulary, process-wide part (the trie and the region
+splits, bounded by bytes); :class:`GrammarMasks` the per-grammar part (rows by state, bounded
+by bytes). Each has one lock, held only to read or update its caches, never during a walk.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
-from .token_trie import TokenTrie, build_trie_from, expand_children, walk_trie
+from .lru import ByteLRU
+from .regions import Region, RegionSplit, find_region, region_mask, split_region
+from .token_trie import TokenTrie
+from .token_walk import ALLOWED, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie
 from .vocab import TokenVocabulary
 
-# Use the shortcut when a state loops on at least this many bytes...
-MIN_LOOP_BYTES = 64
-# ...and the tokens that leave the loop are at most this share of the vocabulary.
-MAX_EXCEPTION_SHARE = 0.3
+# In recursive grammars, states deeper than this share the mask of their top KEEP_TOP_FRAMES
+# frames, unless more than MAX_UNCERTAIN_SHARE of the vocabulary could pop below them.
+TRUNCATE_ABOVE_DEPTH = 3
+KEEP_TOP_FRAMES = 2
+MAX_UNCERTAIN_SHARE = 0.1
+# Region splits kept per vocabulary (a split is one packed row plus its leaving tokens).
+SHARED_SPLIT_BYTES = 64 << 20
 
 
-# Subtrees entered in a string-like state at depth <= STAY_DEPTH with at least
-# MIN_SUBTREE_TOKENS tokens are settled token-major from the shape's stay table.
-STAY_DEPTH = 31  # bits of a uint32
-MIN_SUBTREE_TOKENS = 16
-# A region is at most this many states (s and its UTF-8 middle states).
-MAX_REGION = 12
-_EXIT = -3
+class VocabularyMasks:
+    """What every grammar over one vocabulary shares: the token trie and the region splits."""
 
-
-@dataclass
-class LoopSplit:
-    inside: np.ndarray | None  # bool [V]: tokens that never leave the region (None: not worth it)
-    # (region index the token leaves from, trie of those tokens' suffixes from the leaving byte)
-    suffixes: list[tuple[int, TokenTrie]]
-
-
-class TokenMaskComputer:
-    """Per-vocabulary machinery (shared across grammars) computing allowed tokens of a state."""
-
-    def __init__(self, vocab: TokenVocabulary, trie: TokenTrie) -> None:
+    def __init__(self, vocab: TokenVocabulary, trie: TokenTrie, split_bytes: int = SHARED_SPLIT_BYTES) -> None:
         self.vocab = vocab
         self.trie = trie
-        ids = [i for i, t in enumerate(vocab.token_bytes) if t and i not in vocab.special_token_ids]
-        self._ids = np.array(ids, dtype=np.int64)
-        toks = [vocab.token_bytes[i] for i in ids]
-        self._toks = toks
-        self._lengths = np.array([len(t) for t in toks], dtype=np.int64)
-        self._offsets = np.concatenate([[0], np.cumsum(self._lengths)[:-1]]).astype(np.int64)
-        self._flat = np.frombuffer(b"".join(toks), dtype=np.uint8)
-        self._splits: OrderedDict[bytes, LoopSplit] = OrderedDict()
-        self._stays: OrderedDict[bytes, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
+        self.splits: ByteLRU[RegionSplit] = ByteLRU(split_bytes, lambda s: s.nbytes + 64)
 
-    def allowed(self, automaton, state: int, want_states: bool = False):
-        """(bool [V] allowed tokens, int32 [V] end states or None); EOS not included."""
-        automaton.expand(state)
-        if want_states:
-            return walk_trie(self.trie, automaton, state, want_states)
-        region = self._region_of(automaton, state)
-        if region is not None and region[3] == 0:
-            states, canonical = region[0], region[1]
-            split = self._split_for(canonical)
-            if split.inside is not None:
-                allowed = split.inside.copy()
-                for c, trie in split.suffixes:
-                    extra, _ = walk_trie(trie, automaton, states[c])
-                    allowed |= extra
-                return allowed, None
-        return self._walk(automaton, state), None
+    def split_for(self, region: Region) -> RegionSplit:
+        return self.splits.get_or_compute(region.shape_key, lambda: split_region(self.trie, region))
 
-    def _region_of(self, automaton, state: int):
-        """(region states, canonical table, key, index of ``state`` in the region) when
-        ``state`` is string-like or a UTF-8 middle state of a string-like region; else None."""
-        cache = automaton.region_cache
-        if state in cache:
-            return cache[state]
-        automaton.expand(state)
-        row = automaton.table[state]
-        found = None
-        if int((row == state).sum()) >= MIN_LOOP_BYTES:
-            region = _region(automaton, state)
-            if region is not None:
-                found = (region[0], region[1], region[1].tobytes(), 0)
-        else:
-            live = np.flatnonzero(row >= 0)
-            if len(live) and live.min() >= 0x80 and live.max() < 0xC0:
-                home = self._home_after_continuations(automaton, state)
-                region = self._region_of(automaton, home) if home is not None else None
-                if region is not None and region[3] == 0 and state in region[0]:
-                    found = (region[0], region[1], region[2], region[0].index(state))
-        cache[state] = found
-        return found
 
-    @staticmethod
-    def _home_after_continuations(automaton, state: int) -> int | None:
-        for _ in range(3):
-            automaton.expand(state)
-            row = automaton.table[state]
-            live = np.flatnonzero(row >= 0)
-            if not len(live) or live.min() < 0x80 or live.max() >= 0xC0:
-                return state
-            state = int(row[live[0]])
-        return None
+_VOCABULARIES: dict[str, VocabularyMasks] = {}
+_VOCABULARIES_LOCK = threading.Lock()
 
-    # ------------------------------------------------------------------ walk with shortcuts
-    def walk_truncated(self, automaton, state: int) -> tuple[np.ndarray, np.ndarray]:
-        """(allowed, sorted positions of uncertain tokens) for a truncated state: tokens that
-        pass through a configuration which may pop into the hole are left out of ``allowed``
-        and listed instead, for the caller to settle against the real stack."""
-        uncertain: list[np.ndarray] = []
-        allowed = self._walk(automaton, state, uncertain)
-        positions = np.unique(np.concatenate(uncertain)) if uncertain else np.zeros(0, dtype=np.int64)
-        return allowed, positions
 
-    def _walk(self, automaton, state: int, uncertain: list | None = None) -> np.ndarray:
-        """The trie walk, except that a big subtree entered in a string-like state is settled
-        token-major from that shape's precomputed stay table instead of node by node. With
-        ``uncertain``, subtrees at configurations that may pop into a truncation hole are
-        collected there (as sorted token positions) instead of walked."""
-        trie = self.trie
-        allowed = np.zeros(trie.vocab_size, dtype=bool)
-        if not trie.levels:
-            return allowed
-        nodes = np.arange(len(trie.levels[0].byte))
-        parents = np.full(len(nodes), state, dtype=np.int32)
-        for d, level in enumerate(trie.levels):
-            automaton.expand_many(parents)
-            states = automaton.table[parents, level.byte[nodes]]
-            live = states >= 0
-            nodes, states = nodes[live], states[live]
-            if uncertain is not None:
-                exits = automaton.exits[states]
-                if exits.any():
-                    uncertain.append(_range_positions(level.tok_lo[nodes[exits]], level.tok_hi[nodes[exits]]))
-                    nodes, states = nodes[~exits], states[~exits]
-            if len(nodes) == 0:
-                break
-            term = level.terminal_token[nodes]
-            allowed[term[term >= 0]] = True
-            if d + 1 == len(trie.levels):
-                break
-            if d + 1 <= STAY_DEPTH:
-                nodes, states = self._settle_subtrees(automaton, level, nodes, states, d + 1, allowed, uncertain)
-            nodes, owner = expand_children(level, nodes)
-            parents = states[owner]
-        if len(trie.dup_src):
-            allowed[trie.dup_dst] = allowed[trie.dup_src]
-        return allowed
+def vocabulary_masks(vocab: TokenVocabulary) -> VocabularyMasks:
+    """The process-wide :class:`VocabularyMasks` of ``vocab`` (its trie built on first use)."""
+    with _VOCABULARIES_LOCK:
+        shared = _VOCABULARIES.get(vocab.fingerprint)
+        if shared is None:
+            shared = VocabularyMasks(vocab, TokenTrie.from_vocab(vocab))
+            _warm_up(shared)
+            _VOCABULARIES[vocab.fingerprint] = shared
+        return shared
 
-    def _settle_subtrees(self, automaton, level, nodes, states, pos: int, allowed: np.ndarray, uncertain=None):
-        """Settle the big subtrees whose node state is string-like; return the other nodes."""
-        big = (level.tok_hi[nodes] - level.tok_lo[nodes]) >= MIN_SUBTREE_TOKENS
-        if not big.any():
-            return nodes, states
-        groups: dict[tuple[bytes, int], list[int]] = {}
-        canon: dict[bytes, np.ndarray] = {}
-        for q in np.unique(states[big]).tolist():
-            region = self._region_of(automaton, q)
-            if region is not None:
-                groups.setdefault((region[2], region[3]), []).append(q)
-                canon[region[2]] = region[1]
-        if not groups:
-            return nodes, states
-        settled = np.zeros(len(nodes), dtype=bool)
-        trie = self.trie
-        bit = np.uint32(1 << pos)
-        for (key, c), qs in groups.items():
-            sel = big & np.isin(states, qs)
-            settled |= sel
-            lo, hi, sel_states = level.tok_lo[nodes[sel]], level.tok_hi[nodes[sel]], states[sel]
-            stay = self._stay_for(key, canon[key])
-            if int((hi - lo).sum()) * 8 > len(trie.sorted_len):
-                self._settle_dense(automaton, lo, hi, sel_states, stay, c, pos, allowed, uncertain)
-            else:
-                self._settle_sparse(automaton, lo, hi, sel_states, stay, c, pos, allowed, uncertain)
-        return nodes[~settled], states[~settled]
 
-    def _settle_sparse(self, automaton, lo, hi, sel_states, stay, c: int, pos: int, allowed, uncertain=None) -> None:
-        trie = self.trie
-        counts = hi - lo
-        owner = np.repeat(np.arange(len(lo)), counts)
-        tokpos = lo[owner] + (np.arange(int(counts.sum())) - (np.cumsum(counts) - counts)[owner])
-        longer = trie.sorted_len[tokpos] > pos  # tokens ending at the node were counted already
-        tokpos, tok_state = tokpos[longer], sel_states[owner[longer]]
-        ok = (stay[c, tokpos] & np.uint32(1 << pos)) != 0
-        allowed[trie.sorted_ids[tokpos[ok]]] = True
-        rest = ~ok
-        if rest.any():
-            survived = self._simulate(automaton, tokpos[rest], tok_state[rest], pos, uncertain)
-            allowed[trie.sorted_ids[tokpos[rest][survived]]] = True
+def _warm_up(shared: VocabularyMasks) -> None:
+    """Run every mask route once on a tiny grammar, so numba loads each compiled function
+    (tens of milliseconds apiece) during per-vocabulary setup, not in a request's first masks."""
+    from . import ir
+    from .automaton import LazyAutomaton
+    from .fsm import build_nfa
 
-    def _settle_dense(self, automaton, lo, hi, sel_states, stay, c: int, pos: int, allowed, uncertain=None) -> None:
-        """Same as the sparse path, with whole-vocabulary boolean ops: cheaper for big ranges."""
-        trie = self.trie
-        n = len(trie.sorted_len)
-        edges = np.zeros(n + 1, dtype=np.int32)
-        edges[lo] += 1
-        edges[hi] -= 1
-        covered = np.cumsum(edges[:n]) > 0
-        covered &= trie.sorted_len > pos
-        inside = (stay[c] & np.uint32(1 << pos)) != 0
-        allowed[trie.sorted_ids[covered & inside]] = True
-        rest = np.flatnonzero(covered & ~inside)
-        if len(rest):
-            tok_state = sel_states[np.searchsorted(lo, rest, side="right") - 1]
-            survived = self._simulate(automaton, rest, tok_state, pos, uncertain)
-            allowed[trie.sorted_ids[rest[survived]]] = True
+    text = ir.star(ir.char_class([(0x20, 0x21), (0x23, 0x10FFFF)]))
+    nested = ir.Grammar({"root": ir.choice(ir.seq(ir.literal('"'), text, ir.literal('"')),
+                                           ir.seq(ir.literal("["), ir.Ref("root"), ir.literal("]")))})
+    nfa = build_nfa(nested)
+    automaton = LazyAutomaton(nfa)
+    masks = GrammarMasks(automaton, shared, recursive=nfa.recursive, cache_bytes=1 << 20)
+    for prefix in (b"", b'"', b"[[[[[", b'[[[[["'):
+        state = automaton.step_bytes(automaton.initial_state, prefix)
+        masks.compute(state)
+    masks.allowed_with_end_states(automaton.initial_state)
 
-    def _simulate(self, automaton, tokpos: np.ndarray, states: np.ndarray, pos: int, uncertain=None) -> np.ndarray:
-        """Token-major: do these tokens' bytes from ``pos`` on survive from ``states``? With
-        ``uncertain``, tokens reaching a configuration that may pop into a truncation hole are
-        listed there and reported as not surviving."""
-        trie = self.trie
-        ok = np.zeros(len(tokpos), dtype=bool)
-        active = np.arange(len(tokpos))
-        st = states.astype(np.int32)
-        while len(active):
-            if uncertain is not None:
-                exits = automaton.exits[st]
-                if exits.any():
-                    uncertain.append(tokpos[active[exits]])
-                    active, st = active[~exits], st[~exits]
-                    if len(active) == 0:
-                        break
-            done = trie.sorted_len[tokpos[active]] <= pos
-            ok[active[done]] = True
-            active, st = active[~done], st[~done]
-            if len(active) == 0:
-                break
-            automaton.expand_many(st)
-            st = automaton.table[st, trie.flat[trie.sorted_offset[tokpos[active]] + pos]]
-            live = st >= 0
-            active, st = active[live], st[live]
-            pos += 1
-        return ok
 
-    def _stay_for(self, key: bytes, canonical: np.ndarray) -> np.ndarray:
-        """uint32 [R, N]: bit p of entry (c, i) says whether sorted token i, read from byte p
-        on, starting in region state c, stays inside the region. Computed backwards over byte
-        positions once per region shape."""
+@dataclass(frozen=True, eq=False)
+class TruncatedMask:
+    """The shared part of a truncated configuration's mask."""
+
+    bits: np.ndarray  # uint32 [width]: tokens allowed whatever lies below the top frames
+    uncertain: np.ndarray  # int32: sorted positions of tokens that may pop below them
+
+
+class GrammarMasks:
+    """Packed mask rows (int32, EOS included) of one grammar's automaton states."""
+
+    def __init__(self, automaton, shared: VocabularyMasks, *, recursive: bool, cache_bytes: int) -> None:
+        self.automaton = automaton
+        self.shared = shared
+        self.trie = shared.trie
+        self.recursive = recursive
+        self._rows: ByteLRU[np.ndarray] = ByteLRU(cache_bytes, lambda row: row.nbytes + 64)
+        self._truncated: ByteLRU[TruncatedMask | bool] = ByteLRU(
+            max(cache_bytes // 4, 1 << 20), lambda t: 64 if isinstance(t, bool) else t.bits.nbytes + t.uncertain.nbytes
+        )
+        self._regions: dict[int, Region | None] = {}
+        self._lock = threading.Lock()  # guards the region cache and the truncation statistics
+        self.routes: Counter[str] = Counter()  # how many rows each route computed (tests, profiles)
+        self._truncation_useful = True
+        self._truncation_tries = 0
+        self._truncation_misses = 0
+        eos = trie_eos = self.trie.eos_ids
+        self._eos_words = eos >> 5
+        self._eos_bits = (np.uint32(1) << (trie_eos & 31).astype(np.uint32)).astype(np.uint32)
+
+    # ------------------------------------------------------------------ the route
+    def row(self, state: int) -> np.ndarray:
+        """The packed row of ``state`` (shared: callers copy it, never write to it)."""
+        row = self._rows.get(state)
+        if row is None:
+            row = self._rows.put(state, self.compute(state).view(np.int32))
+        return row
+
+    def compute(self, state: int) -> np.ndarray:
+        """The uint32 bits of ``state``'s allowed tokens, EOS included, uncached."""
+        bits, route = None, "walk"
+        region = self.region_of(state)
+        if region is not None:
+            split = self.shared.split_for(region)
+            if split.worth_it:
+                bits, route = region_mask(self.trie, self.automaton, region, split), "region"
+        elif self._may_truncate(state):
+            bits, route = self._truncated_mask(state), "truncated"
+        if bits is None:
+            bits, route = walk_trie(self.trie, self.automaton, state).bits, "walk"
+        self.routes[route] += 1
+        if self.automaton.accepting[state]:
+            np.bitwise_or.at(bits, self._eos_words, self._eos_bits)
+        return bits
+
+    def region_of(self, state: int) -> Region | None:
         with self._lock:
-            hit = self._stays.get(key)
-            if hit is not None:
-                self._stays.move_to_end(key)
-                return hit
-        trie = self.trie
-        n = len(trie.sorted_len)
-        stay_now = np.ones((canonical.shape[0], n), dtype=bool)
-        stay = np.zeros((canonical.shape[0], n), dtype=np.uint32)
-        for p in range(int(trie.sorted_len.max()) - 1 if n else -1, -1, -1):
-            act = np.flatnonzero(trie.sorted_len > p)
-            nxt = canonical[:, trie.flat[trie.sorted_offset[act] + p]]
-            valid = nxt >= 0
-            new = np.zeros(nxt.shape, dtype=bool)
-            cols = np.broadcast_to(act, nxt.shape)
-            new[valid] = stay_now[nxt[valid], cols[valid]]
-            stay_now[:, act] = new
-            if p <= STAY_DEPTH:
-                stay |= stay_now.astype(np.uint32) << np.uint32(p)
+            if state in self._regions:
+                return self._regions[state]
+        region = find_region(self.automaton, state)
         with self._lock:
-            self._stays[key] = stay
-            if len(self._stays) > 16:
-                self._stays.popitem(last=False)
-        return stay
+            self._regions[state] = region
+        return region
 
-    def _split_for(self, canonical: np.ndarray) -> LoopSplit:
-        key = canonical.tobytes()
-        with self._lock:
-            split = self._splits.get(key)
-            if split is not None:
-                self._splits.move_to_end(key)
-                return split
-        split = self._build_split(canonical)
-        with self._lock:
-            self._splits[key] = split
-            if len(self._splits) > 64:
-                self._splits.popitem(last=False)
-        return split
+    # ------------------------------------------------------------------ truncated states
+    def _may_truncate(self, state: int) -> bool:
+        return self.recursive and self._truncation_useful and self.automaton.max_depth(state) > TRUNCATE_ABOVE_DEPTH
 
-    def _build_split(self, canonical: np.ndarray) -> LoopSplit:
-        n = len(self._ids)
-        cur = np.zeros(n, dtype=np.int64)
-        exit_pos = np.full(n, -1, dtype=np.int64)
-        exit_from = np.full(n, -1, dtype=np.int64)
-        dead = np.zeros(n, dtype=bool)
-        active = np.arange(n)
-        for d in range(int(self._lengths.max()) if n else 0):
-            active = active[self._lengths[active] > d]
-            if len(active) == 0:
+    def _truncated_mask(self, state: int) -> np.ndarray | None:
+        """The mask of a deeply nested state from the shared mask of its top frames (see
+        ``LazyAutomaton.truncate``): tokens that would pop below them are checked against the
+        real stack, token-major. None when too many tokens would need that check."""
+        top = self.automaton.truncate(state, KEEP_TOP_FRAMES)
+        entry = self._truncated.get(top)
+        if entry is None:
+            entry = self._truncated.put(top, self._shared_top(top))
+        if entry is False:
+            return None
+        bits = entry.bits.copy()
+        if len(entry.uncertain):
+            starts = np.full(len(entry.uncertain), state, dtype=np.int32)
+            outcome, _ = check_tokens(self.trie, self.automaton, entry.uncertain, starts)
+            set_token_bits(bits, self.trie.sorted_ids[entry.uncertain[outcome == ALLOWED]])
+            add_duplicates(self.trie, bits)
+        return bits
+
+    def _shared_top(self, top: int) -> TruncatedMask | bool:
+        walk = walk_trie(self.trie, self.automaton, top, stop_at_exits=True)
+        uncertain, _, _ = range_positions(walk.exit_ranges)
+        useful = len(uncertain) <= MAX_UNCERTAIN_SHARE * self.trie.num_tokens
+        with self._lock:
+            # Adaptive: a grammar whose truncated states keep leaking (JSON schemas whose only
+            # recursion is "any JSON value") stops paying for the attempt.
+            self._truncation_tries += 1
+            self._truncation_misses += not useful
+            hits = self._truncation_tries - self._truncation_misses
+            if self._truncation_misses >= 4 and self._truncation_misses > hits:
+                self._truncation_useful = False
+        return TruncatedMask(walk.bits, uncertain) if useful else False
+
+    # ------------------------------------------------------------------ other views
+    def allowed_with_end_states(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """(allowed token ids, the state after each), EOS excluded: for budget-aware masks."""
+        walk = walk_trie(self.trie, self.automaton, state, end_states=True)
+        ids = np.flatnonzero(walk.end_states >= 0).astype(np.int32)
+        return ids, walk.end_states[ids]
+
+    def precompute(self, deadline: float, max_states: int = 256) -> int:
+        """For a small automaton (every reachable state found within ``max_states``), compute
+        the rows of its states nearest the start first, until ``deadline``
+        (``time.monotonic()``). Returns how many rows were computed. Big automata (most JSON
+        schemas) stay lazy: a sweep of them would mostly visit states no document reaches."""
+        order = _reachable_states(self.automaton, max_states, deadline)
+        done = 0
+        for state in order or ():
+            if time.monotonic() > deadline:
                 break
-            nxt = canonical[cur[active], self._flat[self._offsets[active] + d]]
-            left = nxt == _EXIT
-            exit_pos[active[left]] = d
-            exit_from[active[left]] = cur[active[left]]
-            dead[active[nxt == -1]] = True
-            keep = nxt >= 0
-            cur[active[keep]] = nxt[keep]
-            active = active[keep]
-        outside = exit_pos >= 0
-        if int(outside.sum()) > MAX_EXCEPTION_SHARE * n:
-            return LoopSplit(None, [])
-        inside = np.zeros(self.vocab.vocab_size, dtype=bool)
-        inside[self._ids[~outside & ~dead]] = True
-        suffixes = []
-        for c in np.unique(exit_from[outside]).tolist():
-            rows = np.flatnonzero(outside & (exit_from == c)).tolist()
-            sufs = [self._toks[j][int(exit_pos[j]) :] for j in rows]
-            suffixes.append((c, build_trie_from(self._ids[rows].tolist(), sufs, self.vocab.vocab_size)))
-        return LoopSplit(inside, suffixes)
+            self.row(state)
+            done += 1
+        return done
 
 
-def _range_positions(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """All integers of the half-open ranges [lo, hi), concatenated."""
-    counts = hi - lo
-    owner = np.repeat(np.arange(len(lo)), counts)
-    return lo[owner] + (np.arange(int(counts.sum())) - (np.cumsum(counts) - counts)[owner])
-
-
-def _region(automaton, state: int):
-    """(region states, canonical int64 table [len(R), 256]) or None when the region is too big."""
-    states = [state]
-    index = {state: 0}
-    i = 0
-    while i < len(states):
-        automaton.expand(states[i])
-        row = automaton.table[states[i]]
-        # Multi-byte characters: lead bytes from s, continuation bytes from middle states.
-        span = row[0x80:] if i == 0 else row[0x80:0xC0]
-        for t in np.unique(span[span >= 0]).tolist():
-            if t not in index:
-                if len(states) >= MAX_REGION:
-                    return None
-                index[t] = len(states)
-                states.append(t)
-        i += 1
-    sub = automaton.table[states].astype(np.int64)
-    canonical = np.full(sub.shape, _EXIT, dtype=np.int64)
-    canonical[sub < 0] = -1
-    for t, k in index.items():
-        canonical[sub == t] = k
-    return states, canonical
-
-
-_COMPUTERS: dict[str, TokenMaskComputer] = {}
-_LOCK = threading.Lock()
-
-
-def mask_computer_for(vocab: TokenVocabulary) -> TokenMaskComputer:
-    """The process-wide computer of ``vocab`` (its trie built on first use, then shared by every
-    grammar compiled against the vocabulary)."""
-    with _LOCK:
-        comp = _COMPUTERS.get(vocab.fingerprint)
-        if comp is None:
-            comp = _COMPUTERS[vocab.fingerprint] = TokenMaskComputer(vocab, TokenTrie.from_vocab(vocab))
-        return comp
-
-
-def precompute_masks(computer: TokenMaskComputer, automaton, deadline: float, max_states: int = 256) -> dict[int, np.ndarray]:
-    """For a small automaton (every reachable state found within ``max_states``), compute
-    packed mask rows (EOS not included) of its states, nearest the start first, until
-    ``deadline`` (``time.monotonic()``). One multi-source trie walk per chunk of states carries
-    (trie node, source state) pairs, so the vectorized work is shared by all of them.
-    String-like states are skipped: their lazy masks are cheap anyway. Big automata (most JSON
-    schemas) stay fully lazy: a breadth-first sweep of them would mostly visit states no
-    document passes through."""
-    import time
-
-    from .bitmask import pack_bool_mask
-
-    order = _bfs_states(automaton, max_states, deadline)
-    if order is None:
-        return {}
-    todo = [s for s in order if computer._region_of(automaton, s) is None]
-    trie = computer.trie
-    rows: dict[int, np.ndarray] = {}
-    chunk = 16
-    while todo and time.monotonic() < deadline:
-        batch, todo = todo[:chunk], todo[chunk:]
-        allowed = _multi_source_walk(trie, automaton, np.array(batch, dtype=np.int32), deadline)
-        if allowed is None:
-            break
-        for s, row in zip(batch, pack_bool_mask(allowed)):
-            rows[s] = row
-    return rows
-
-
-def _bfs_states(automaton, max_states: int, deadline: float) -> list[int] | None:
+def _reachable_states(automaton, max_states: int, deadline: float) -> list[int] | None:
     """All states reachable from the start, breadth first; None if there are more than
     ``max_states`` or the deadline passes first."""
-    import time
-
     start = automaton.initial_state
     order, seen = [start], {start}
     for s in order:
@@ -412,32 +224,3 @@ def _bfs_states(automaton, max_states: int, deadline: float) -> list[int] | None
                 seen.add(t)
                 order.append(t)
     return order
-
-
-def _multi_source_walk(trie: TokenTrie, automaton, sources: np.ndarray, deadline: float) -> np.ndarray | None:
-    import time
-
-    allowed = np.zeros((len(sources), trie.vocab_size), dtype=bool)
-    n0 = len(trie.levels[0].byte) if trie.levels else 0
-    nodes = np.tile(np.arange(n0), len(sources))
-    src = np.repeat(np.arange(len(sources)), n0)
-    cur = np.repeat(sources, n0)
-    for d, level in enumerate(trie.levels):
-        if time.monotonic() > deadline:
-            return None
-        automaton.expand_many(cur)
-        nxt = automaton.table[cur, level.byte[nodes]]
-        live = nxt >= 0
-        nodes, src, nxt = nodes[live], src[live], nxt[live]
-        if len(nodes) == 0:
-            break
-        term = level.terminal_token[nodes]
-        has = term >= 0
-        allowed[src[has], term[has]] = True
-        if d + 1 == len(trie.levels):
-            break
-        nodes, owner = expand_children(level, nodes)
-        src, cur = src[owner], nxt[owner]
-    if len(trie.dup_src):
-        allowed[:, trie.dup_dst] = allowed[:, trie.dup_src]
-    return allowed

@@ -1,9 +1,16 @@
-"""The vocabulary as a byte trie laid out level by level in numpy arrays.
+"""The vocabulary as a byte trie in depth-first (preorder) layout, built once per vocabulary.
 
-Built once per vocabulary and shared by every grammar. Computing the mask of an automaton state
-walks this trie breadth-first with numpy gathers on the automaton's transition table, dropping a
-node (and all tokens below it) the moment its prefix is rejected: the cost follows the number of
-live trie nodes, not vocabulary size times token length. Most tokens die at their first byte.
+Every node is one ``uint64`` word: its byte, its depth, the token that ends at it and the index of
+the first node *after* its subtree. A walk visits nodes in array order and, when a prefix is
+rejected, jumps over the whole subtree in one step (``token_walk.py`` does the walking). The
+sequential layout is what makes the compiled walk fast: one 8-byte load per visited node, read
+front to back, and most tokens die at their first or second byte.
+
+Tokens are also kept sorted by their bytes (``sorted_*``): a node's subtree is a contiguous run
+of that order, so "every token below this node" is the range ``[first_pos[node],
+first_pos[skip])``, which the truncated and region walks hand to token-major checks. The rare
+tokens too long for the trie come last in that list (``long_pos``) and are always checked
+token-major.
 """
 
 from __future__ import annotations
@@ -12,162 +19,100 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .bitmask import bitmask_width
 from .vocab import TokenVocabulary
 
-
-@dataclass
-class TrieLevel:
-    """Nodes at one depth (depth d = prefixes of length d + 1), ordered by parent."""
-
-    byte: np.ndarray  # uint8/int32 [n]: the byte of each node
-    child_start: np.ndarray  # int64 [n]: children range in the next level
-    child_count: np.ndarray  # int64 [n]
-    terminal_token: np.ndarray  # int32 [n]: token whose bytes end exactly here, or -1
-    # The tokens below a node are a contiguous run of the sorted token list: [tok_lo, tok_hi).
-    tok_lo: np.ndarray
-    tok_hi: np.ndarray
+# Node word layout (bits): 0-7 byte, 8-15 depth (1-based), 16-39 token id + 1 (0: no token ends
+# here), 40-63 index of the next node outside the subtree.
+DEPTH_SHIFT, TOKEN_SHIFT, SKIP_SHIFT = 8, 16, 40
+FIELD_24 = (1 << 24) - 1
+# Tokens longer than this do not fit the depth field; they are checked token-major instead.
+MAX_TRIE_DEPTH = 255
 
 
-@dataclass
+@dataclass(frozen=True)
 class TokenTrie:
-    levels: list[TrieLevel]
+    """The vocabulary's tokens (specials and empty tokens left out), as a preorder trie and as a
+    byte-sorted list. Positions (``pos``) index the sorted list; ids are vocabulary ids."""
+
+    words: np.ndarray  # uint64 [nodes]: packed node (see the layout above)
+    first_pos: np.ndarray  # int32 [nodes + 1]: sorted position of the first token below each node
     vocab_size: int
-    # Tokens that share their bytes with another token: allowed[dup_dst] = allowed[dup_src].
-    dup_src: np.ndarray
-    dup_dst: np.ndarray
-    eos_ids: np.ndarray
-    # The (deduplicated) tokens in byte order, for token-major work on whole subtrees.
-    sorted_ids: np.ndarray  # int64 [N]
-    sorted_len: np.ndarray  # int64 [N]
-    sorted_offset: np.ndarray  # int64 [N] into flat
-    flat: np.ndarray  # uint8: all sorted tokens' bytes, concatenated
+    sorted_ids: np.ndarray  # int32 [N]: vocabulary id of each sorted position
+    sorted_len: np.ndarray  # int32 [N]
+    sorted_offset: np.ndarray  # int64 [N]: start of each token's bytes in ``flat``
+    flat: np.ndarray  # uint8: every sorted token's bytes, concatenated
+    long_pos: np.ndarray  # int32: positions of tokens longer than MAX_TRIE_DEPTH (not in the trie)
+    # Tokens whose bytes equal an earlier token's: allowed[dup_dst] = allowed[dup_src].
+    dup_src: np.ndarray  # int32
+    dup_dst: np.ndarray  # int32
+    eos_ids: np.ndarray  # int64
+
+    @property
+    def width(self) -> int:
+        """Words in one packed mask row."""
+        return bitmask_width(self.vocab_size)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.sorted_ids)
 
     @classmethod
     def from_vocab(cls, vocab: TokenVocabulary) -> "TokenTrie":
-        return _build_trie(vocab)
+        ids = [i for i, t in enumerate(vocab.token_bytes) if t and i not in vocab.special_token_ids]
+        return build_trie([vocab.token_bytes[i] for i in ids], ids, vocab.vocab_size, sorted(vocab.eos_token_ids))
 
 
-def _build_trie(vocab: TokenVocabulary) -> TokenTrie:
-    ids = [i for i, t in enumerate(vocab.token_bytes) if t and i not in vocab.special_token_ids]
-    return build_trie_from(ids, [vocab.token_bytes[i] for i in ids], vocab.vocab_size, sorted(vocab.eos_token_ids))
+def build_trie(token_bytes: list[bytes], ids: list[int], vocab_size: int, eos_ids=()) -> TokenTrie:
+    """A trie over arbitrary (bytes, id) pairs; several ids may share one byte string."""
+    from .token_walk import build_trie_nodes
 
-
-def build_trie_from(ids: list[int], token_bytes: list[bytes], vocab_size: int, eos_ids=()) -> TokenTrie:
-    """A trie over arbitrary (id, bytes) pairs; several ids may share one byte string."""
+    if vocab_size > FIELD_24 - 1:
+        raise ValueError(f"vocabularies of more than {FIELD_24 - 1} tokens are not supported")
     order = sorted(range(len(ids)), key=lambda j: token_bytes[j])
-    ids = [ids[j] for j in order]
-    toks = [token_bytes[j] for j in order]
-    # Identical byte strings: keep the first as representative.
-    keep, dup_src, dup_dst = [], [], []
-    for j, t in enumerate(toks):
-        if keep and toks[keep[-1]] == t:
+    keep: list[int] = []
+    dup_src: list[int] = []
+    dup_dst: list[int] = []
+    for j in order:
+        if keep and token_bytes[keep[-1]] == token_bytes[j]:
             dup_src.append(ids[keep[-1]])
             dup_dst.append(ids[j])
         else:
             keep.append(j)
-    ids = [ids[j] for j in keep]
-    toks = [toks[j] for j in keep]
-    n = len(toks)
-    lengths = np.array([len(t) for t in toks], dtype=np.int64)
-    max_len = int(lengths.max()) if n else 0
-    flat = np.frombuffer(b"".join(toks), dtype=np.uint8)
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if n else np.zeros(0, dtype=np.int64)
-    token_ids = np.array(ids, dtype=np.int32)
-
-    levels: list[TrieLevel] = []
-    prev_node_of_token = np.zeros(n, dtype=np.int64)  # node id at previous depth (all 0 at root)
-    alive = np.arange(n)
-    for d in range(max_len):
-        alive = alive[lengths[alive] > d]
-        if len(alive) == 0:
-            break
-        b = flat[offsets[alive] + d].astype(np.int32)
-        parent = prev_node_of_token[alive]
-        new = np.ones(len(alive), dtype=bool)
-        new[1:] = (parent[1:] != parent[:-1]) | (b[1:] != b[:-1])
-        node = np.cumsum(new) - 1
-        first = np.flatnonzero(new)
-        nodes_parent = parent[first]
-        nodes_byte = b[first]
-        term = np.full(len(first), -1, dtype=np.int32)
-        ends = lengths[alive] == d + 1
-        term[node[ends]] = token_ids[alive[ends]]
-        last = np.concatenate([first[1:] - 1, [len(alive) - 1]])
-        tok_lo, tok_hi = alive[first], alive[last] + 1
-        if levels:
-            prev = levels[-1]
-            counts = np.bincount(nodes_parent, minlength=len(prev.byte))
-            prev.child_count = counts.astype(np.int64)
-            prev.child_start = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        levels.append(
-            TrieLevel(
-                byte=nodes_byte,
-                child_start=np.zeros(len(first), dtype=np.int64),
-                child_count=np.zeros(len(first), dtype=np.int64),
-                terminal_token=term,
-                tok_lo=tok_lo,
-                tok_hi=tok_hi,
-            )
-        )
-        full = np.zeros(n, dtype=np.int64)
-        full[alive] = node
-        prev_node_of_token = full
+    # Tokens that fit the trie first (in byte order), then the too-long ones.
+    keep = [j for j in keep if len(token_bytes[j]) <= MAX_TRIE_DEPTH] + [j for j in keep if len(token_bytes[j]) > MAX_TRIE_DEPTH]
+    toks = [token_bytes[j] for j in keep]
+    lengths = np.array([len(t) for t in toks], dtype=np.int32)
+    offsets = np.zeros(len(toks), dtype=np.int64)
+    if len(toks) > 1:
+        offsets[1:] = np.cumsum(lengths[:-1], dtype=np.int64)
+    flat = np.frombuffer(b"".join(toks), dtype=np.uint8).copy()  # writable: the kernels' signature
+    sorted_ids = np.array([ids[j] for j in keep], dtype=np.int32)
+    in_trie = lengths <= MAX_TRIE_DEPTH
+    words, first_pos = build_trie_nodes(flat, offsets, lengths, sorted_ids, int(in_trie.sum()))
+    if len(words) > FIELD_24:
+        raise ValueError(f"the vocabulary's trie has more than {FIELD_24} nodes")
     return TokenTrie(
-        levels=levels,
+        words=words,
+        first_pos=first_pos,
         vocab_size=vocab_size,
-        dup_src=np.array(dup_src, dtype=np.int64),
-        dup_dst=np.array(dup_dst, dtype=np.int64),
-        eos_ids=np.array(list(eos_ids), dtype=np.int64),
-        sorted_ids=token_ids.astype(np.int64),
+        sorted_ids=sorted_ids,
         sorted_len=lengths,
-        sorted_offset=offsets.astype(np.int64),
+        sorted_offset=offsets,
         flat=flat,
+        long_pos=np.flatnonzero(~in_trie).astype(np.int32),
+        dup_src=np.array(dup_src, dtype=np.int32),
+        dup_dst=np.array(dup_dst, dtype=np.int32),
+        eos_ids=np.array(sorted(eos_ids), dtype=np.int64),
     )
 
 
-def expand_children(level: TrieLevel, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Children (indices into the next level) of ``nodes``, and for each child its parent's
-    position in ``nodes``."""
-    counts = level.child_count[nodes]
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    owner = np.repeat(np.arange(len(nodes)), counts)
-    starts = level.child_start[nodes]
-    run_begin = np.cumsum(counts) - counts
-    children = starts[owner] + (np.arange(total) - run_begin[owner])
-    return children, owner
-
-
-def walk_trie(trie: TokenTrie, automaton, state: int, want_states: bool = False):
-    """Allowed tokens from ``state``: a bool array over the vocabulary; with ``want_states``, also
-    the automaton state after each allowed token (-1 elsewhere). EOS is not handled here."""
-    allowed = np.zeros(trie.vocab_size, dtype=bool)
-    end_state = np.full(trie.vocab_size, -1, dtype=np.int32) if want_states else None
-    if not trie.levels:
-        return allowed, end_state
-    level0 = trie.levels[0]
-    nodes = np.arange(len(level0.byte))
-    parents = np.full(len(nodes), state, dtype=np.int32)
-    for d, level in enumerate(trie.levels):
-        automaton.expand_many(parents)
-        states = automaton.table[parents, level.byte[nodes]]
-        live = states >= 0
-        nodes, states = nodes[live], states[live]
-        if len(nodes) == 0:
-            break
-        term = level.terminal_token[nodes]
-        has = term >= 0
-        allowed[term[has]] = True
-        if want_states:
-            end_state[term[has]] = states[has]
-        if d + 1 == len(trie.levels):
-            break
-        nodes, owner = expand_children(level, nodes)
-        parents = states[owner]
-    if len(trie.dup_src):
-        allowed[trie.dup_dst] = allowed[trie.dup_src]
-        if want_states:
-            end_state[trie.dup_dst] = end_state[trie.dup_src]
-    return allowed, end_state
-
+def node_fields(word: int) -> tuple[int, int, int, int]:
+    """(byte, depth, token id or -1, skip) of one node word, for tests and debugging."""
+    word = int(word)
+    return (
+        word & 0xFF,
+        (word >> DEPTH_SHIFT) & 0xFF,
+        ((word >> TOKEN_SHIFT) & FIELD_24) - 1,
+        (word >> SKIP_SHIFT) & FIELD_24,
+    )

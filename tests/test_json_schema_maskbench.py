@@ -20,8 +20,10 @@ import pytest
 
 from grammar import GrammarError, TokenVocabulary
 
-# The shared folder sits beside the checkout; FORMCAST_MASKBENCH_DEV points elsewhere (a worktree).
-DEV = Path(os.environ.get("FORMCAST_MASKBENCH_DEV") or Path(__file__).resolve().parents[2] / "shared/bench/maskbench/dev.jsonl.gz")
+# The shared folder sits beside the checkout; FORMCAST_MASKBENCH_DEV (or MASKBENCH_DEV) points
+# elsewhere (a worktree).
+DEV = Path(os.environ.get("FORMCAST_MASKBENCH_DEV") or os.environ.get("MASKBENCH_DEV")
+           or Path(__file__).resolve().parents[2] / "shared/bench/maskbench/dev.jsonl.gz")
 RECORD = Path(__file__).resolve().parent / "data/maskbench_json_schema.json"
 STRIDE, MAX_SCHEMA_CHARS, PER_SCHEMA_S = 33, 4000, 30
 

@@ -1,8 +1,10 @@
-"""The mask shortcuts (string-like regions, settled subtrees) must equal the plain trie walk.
+"""Every mask route must equal the plain reference walk (``mask_reference.py``), bit for bit.
 
 A synthetic vocabulary with thousands of tokens over an alphabet full of the bytes that matter
-(quotes, backslashes, multi-byte characters, whitespace) makes every shortcut fire; masks at
-states reached by random walks are compared bit for bit with ``walk_trie``.
+(quotes, backslashes, multi-byte characters, whitespace) makes every route fire: string-like
+regions (shared splits), truncated deep states of recursive grammars, and the plain trie walk.
+Masks at states reached by random walks are compared with the reference, and each test checks
+that the route it is about was actually taken.
 """
 
 from __future__ import annotations
@@ -11,17 +13,18 @@ import random
 
 import numpy as np
 import pytest
+from mask_reference import ReferenceWalk
 
 from grammar import GrammarMatcher, TokenVocabulary, ir
-from grammar.compiler import compile_grammar
-from grammar.token_trie import walk_trie
+from grammar.compiler import CompileBudget, compile_grammar
+from grammar.token_masks import TRUNCATE_ABOVE_DEPTH
 
 ALPHABET = list('abcdeklmnz "\\:,{}[]0123456789\n\t') + ["é", "日", "€", "😀", "\x01"]
 
 
-def synthetic_vocab(seed: int = 0, size: int = 4000) -> TokenVocabulary:
+def synthetic_vocab(seed: int = 0, size: int = 4000, extra: tuple[bytes, ...] = ()) -> TokenVocabulary:
     rng = random.Random(seed)
-    toks = {bytes([b]) for b in range(256)}
+    toks = {bytes([b]) for b in range(256)} | set(extra)
     while len(toks) < size:
         n = rng.choice([2, 2, 3, 3, 4, 5, 6, 8, 12])
         text = "".join(rng.choice(ALPHABET) for _ in range(n))
@@ -30,7 +33,8 @@ def synthetic_vocab(seed: int = 0, size: int = 4000) -> TokenVocabulary:
             data = data[: rng.randrange(1, len(data) + 1)]  # some tokens end mid-character
         toks.add(data)
     ordered = sorted(toks)
-    return TokenVocabulary.from_token_bytes(ordered + [b""], [len(ordered)])
+    # Two ids with the same bytes (duplicates must follow their twin), then EOS.
+    return TokenVocabulary.from_token_bytes(ordered + [ordered[300], b""], [len(ordered) + 1])
 
 
 STRING_BODY = ir.star(ir.choice(ir.char_class([(0, 31), (34, 34), (92, 92)], negate=True), ir.seq(ir.literal("\\"), ir.char_class([(34, 34), (92, 92), (110, 110)]))))
@@ -48,27 +52,33 @@ OBJECT = ir.seq(
 )
 
 
+def random_walk_check(compiled, vocab, rng, *, walks: int, steps: int, pick=None) -> int:
+    """Compare ``token_mask`` with the reference at every state of random walks; return how
+    many states were checked."""
+    ref = ReferenceWalk(vocab)
+    checked = 0
+    for _ in range(walks):
+        m = GrammarMatcher(compiled)
+        for step in range(steps):
+            state = m.state
+            expected = ref.row(compiled.automaton, state)
+            got = compiled.token_mask(state)
+            assert np.array_equal(got, expected), f"state {state}: words {np.flatnonzero(got != expected)[:10]}"
+            checked += 1
+            choices = [t for t in np.flatnonzero(ref.allowed(compiled.automaton, state))]
+            if not choices:
+                break
+            assert m.accept_token(int(pick(vocab, choices, step, rng) if pick else rng.choice(choices)))
+    return checked
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_shortcut_masks_equal_plain_walk(seed):
+def test_region_masks_equal_reference(seed):
     vocab = synthetic_vocab(seed)
     compiled = compile_grammar(ir.Grammar({"root": OBJECT}), vocab)
-    rng = random.Random(seed)
-    checked = 0
-    for _ in range(12):
-        m = GrammarMatcher(compiled)
-        for _ in range(40):
-            state = m.state
-            fast, _ = compiled.masks.allowed(compiled.automaton, state)
-            plain, _ = walk_trie(compiled.trie, compiled.automaton, state)
-            assert np.array_equal(fast, plain), f"state {state}: {np.flatnonzero(fast != plain)[:10]}"
-            checked += 1
-            choices = np.flatnonzero(plain)
-            if not len(choices):
-                break
-            assert m.accept_token(int(rng.choice(choices)))
-    assert checked > 100
-    # The shortcuts must actually have fired for this test to mean anything.
-    assert compiled.masks._splits and compiled.masks._stays
+    assert random_walk_check(compiled, vocab, random.Random(seed), walks=12, steps=40) > 100
+    routes = compiled.masks.routes
+    assert routes["region"] > 5 and routes["walk"] > 5, routes
 
 
 SEXP = ir.Grammar(
@@ -84,33 +94,79 @@ SEXP = ir.Grammar(
 )
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_truncated_masks_of_deep_states_equal_plain_walk(seed):
-    from grammar.bitmask import pack_bool_mask
-    from grammar.compiler import TRUNCATE_ABOVE_DEPTH
+def _leaning_deep(vocab, choices, step, rng):
+    """Lean towards opening brackets for the first 40 steps so the walk goes deep."""
+    choices = [t for t in choices if t not in vocab.eos_token_ids] or choices
+    opening = [t for t in choices if vocab.token_bytes[t] in (b"(", b"[", b"((", b"[(", b"([")]
+    closing = [t for t in choices if b")" not in vocab.token_bytes[t] and b"]" not in vocab.token_bytes[t]]
+    if step < 40:
+        return rng.choice(opening if opening and rng.random() < 0.7 else closing or choices)
+    return rng.choice(choices)
 
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_truncated_masks_of_deep_states_equal_reference(seed):
     vocab = synthetic_vocab(seed + 10)
     compiled = compile_grammar(SEXP, vocab)
-    rng = random.Random(seed)
-    deep = 0
-    for _ in range(6):
-        m = GrammarMatcher(compiled)
-        for step in range(60):
-            state = m.state
-            plain, _ = walk_trie(compiled.trie, compiled.automaton, state)
-            if compiled.automaton.accepting[state]:
-                plain[compiled.trie.eos_ids] = True
-            assert np.array_equal(compiled.token_mask(state), pack_bool_mask(plain)), f"state {state}"
-            deep += compiled.automaton.max_depth(state) > TRUNCATE_ABOVE_DEPTH
-            choices = [t for t in np.flatnonzero(plain) if t not in vocab.eos_token_ids]
-            if not choices:
-                break
-            # Lean towards opening brackets for the first 40 steps so the walk goes deep.
-            opening = [t for t in choices if vocab.token_bytes[t] in (b"(", b"[", b"((", b"[(", b"([")]
-            closing = [t for t in choices if b")" not in vocab.token_bytes[t] and b"]" not in vocab.token_bytes[t]]
-            if step < 40:
-                pick = rng.choice(opening if opening and rng.random() < 0.7 else closing or choices)
-            else:
-                pick = rng.choice(choices)
-            assert m.accept_token(int(pick))
-    assert deep > 50 and compiled._truncated, "the truncated path must actually have been used"
+    random_walk_check(compiled, vocab, random.Random(seed), walks=6, steps=60, pick=_leaning_deep)
+    deep = sum(compiled.automaton.max_depth(s) > TRUNCATE_ABOVE_DEPTH for s in range(compiled.automaton.num_states))
+    assert deep > 20 and compiled.masks.routes["truncated"] >= 10, compiled.masks.routes
+
+
+def test_tokens_longer_than_the_trie_depth():
+    long_a = b"a" * 300
+    long_q = b"a" * 280 + b'"'
+    vocab = synthetic_vocab(3, size=1200, extra=(long_a, long_q, b"a" * 256))
+    compiled = compile_grammar(ir.Grammar({"root": OBJECT}), vocab)
+    assert len(compiled.trie.long_pos) == 3
+    ids = {vocab.token_bytes.index(t) for t in (long_a, long_q)}
+    m = GrammarMatcher(compiled)
+    assert m.accept_token(vocab.token_bytes.index(b"{")) and m.accept_token(vocab.token_bytes.index(b'"'))
+    # In a free key: the long runs are allowed, the one closing the key too (then ':' may follow).
+    row = compiled.token_mask(m.state)
+    ref = ReferenceWalk(vocab)
+    assert np.array_equal(row, ref.row(compiled.automaton, m.state))
+    assert all(ref.allowed(compiled.automaton, m.state)[i] for i in ids)
+    assert random_walk_check(compiled, vocab, random.Random(3), walks=4, steps=20) > 20
+
+
+def test_region_splits_are_shared_across_grammars():
+    """A second grammar with the same string shape reuses the first one's split."""
+    vocab = synthetic_vocab(4)
+    lazy = CompileBudget(eager_mask_seconds=0)
+    first = compile_grammar(ir.Grammar({"root": ir.seq(ir.literal("x="), JSON_STRING)}), vocab, budget=lazy)
+    m = GrammarMatcher(first)
+    assert m.accept_token(vocab.token_bytes.index(b"x")) and m.accept_token(vocab.token_bytes.index(b"="))
+    assert m.accept_token(vocab.token_bytes.index(b'"'))
+    first.token_mask(m.state)
+    splits = first.vocabulary_masks.splits
+    before_hits, before_size = splits.hits, len(splits)
+    second = compile_grammar(ir.Grammar({"root": ir.seq(ir.literal("["), JSON_STRING, ir.literal("]"))}), vocab, budget=lazy)
+    m2 = GrammarMatcher(second)
+    assert m2.accept_token(vocab.token_bytes.index(b"[")) and m2.accept_token(vocab.token_bytes.index(b'"'))
+    row = second.token_mask(m2.state)
+    assert second.masks.routes["region"] == 1
+    assert splits.hits > before_hits and len(splits) == before_size, "the split should come from the shared cache"
+    assert np.array_equal(row, ReferenceWalk(vocab).row(second.automaton, m2.state))
+
+
+def test_eager_precompute_fills_the_rows_the_walk_would():
+    """With an eager budget, small automata get their rows at compile time; they must be the
+    rows the lazy route computes."""
+    vocab = synthetic_vocab(5, size=1500)
+    g = ir.Grammar({"root": ir.seq(ir.literal("id="), ir.repeat(ir.char_class([(48, 57)]), 2, 4), ir.optional(JSON_STRING))})
+    eager = compile_grammar(g, vocab, budget=CompileBudget(eager_mask_seconds=5.0))
+    assert sum(eager.masks.routes.values()) >= 5, "rows should have been computed at compile time"
+    computed = sum(eager.masks.routes.values())
+    lazy = compile_grammar(g, vocab, budget=CompileBudget(eager_mask_seconds=0))
+    assert sum(lazy.masks.routes.values()) == 0
+    rng = random.Random(5)
+    m_eager, m_lazy = GrammarMatcher(eager), GrammarMatcher(lazy)
+    for _ in range(8):
+        assert np.array_equal(eager.token_mask(m_eager.state), lazy.token_mask(m_lazy.state))
+        ids = [t for t in np.flatnonzero(ReferenceWalk(vocab).allowed(lazy.automaton, m_lazy.state))]
+        if not ids:
+            break
+        token = int(rng.choice(ids))
+        assert m_eager.accept_token(token) and m_lazy.accept_token(token)
+    assert sum(eager.masks.routes.values()) == computed, "the walk should have found every row precomputed"

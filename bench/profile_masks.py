@@ -1,0 +1,172 @@
+"""Where a cold mask's time goes: formcast's masks on MaskBench schemas, split by phase.
+
+Walks each schema's test instances token by token the way ``maskbench.py`` does (compile caches
+cleared per schema, Qwen2 vocabulary), timing every ``fill_next_token_bitmask``. Functions of
+each phase are wrapped with exclusive timers (a callee's time is not charged to its caller), so
+the slowest masks can be broken down into:
+
+- determinize: lazy determinization (``LazyAutomaton.expand``: closures, stack interning);
+- stacks: truncation of deep recursive configurations and the shared top-frame masks' bookkeeping;
+- region: finding string-like regions; shape tables: per-shape splits shared across grammars;
+- walk: the trie walk and token-major checks; pack: bool -> int32 packing; other: the rest.
+
+Phase functions that do not exist in the checked-out version are skipped, so the same script
+profiles older commits too (run it with that checkout first on ``PYTHONPATH``).
+
+    python bench/profile_masks.py --sample 100 --top 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # after PYTHONPATH: an older checkout placed first is the one profiled
+sys.path.append(str(ROOT / "bench"))
+
+PHASES: dict[str, list[str]] = {
+    "determinize": [
+        "grammar.automaton.LazyAutomaton.expand",
+        "grammar.automaton.LazyAutomaton.resolve",
+        "grammar.automaton.LazyAutomaton.resolve_many",
+    ],
+    "stacks": [
+        "grammar.automaton.LazyAutomaton.truncate",
+        "grammar.automaton.LazyAutomaton.max_depth",
+        "grammar.token_masks.TokenMaskComputer.walk_truncated",
+        "grammar.compiler.CompiledGrammar._truncated_mask",
+        "grammar.token_masks.GrammarMasks._truncated_mask",
+        "grammar.token_masks.GrammarMasks._shared_top",
+    ],
+    "region": ["grammar.token_masks.TokenMaskComputer._region_of", "grammar.regions.find_region"],
+    "shape tables": [
+        "grammar.token_masks.TokenMaskComputer._split_for",
+        "grammar.token_masks.TokenMaskComputer._stay_for",
+        "grammar.regions.split_region",
+    ],
+    "walk": [
+        "grammar.token_trie.walk_trie",
+        "grammar.token_masks.TokenMaskComputer._walk",
+        "grammar.token_masks.TokenMaskComputer._simulate",
+        "grammar.token_walk.walk_trie",
+        "grammar.token_walk.check_tokens",
+    ],
+    "pack": ["grammar.bitmask.pack_bool_mask"],
+    "other": ["grammar.matcher.GrammarMatcher.fill_next_token_bitmask"],
+}
+
+_frames: list[list[float]] = []  # [time spent in timed callees] per active timed call
+_spent: dict[str, float] = defaultdict(float)
+
+
+def _timed(phase: str, fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        frame = [0.0]
+        _frames.append(frame)
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            dt = time.perf_counter() - t0
+            _frames.pop()
+            _spent[phase] += dt - frame[0]
+            if _frames:
+                _frames[-1][0] += dt
+
+    return wrapper
+
+
+def install() -> list[str]:
+    """Wrap every phase function that exists; returns the names wrapped."""
+    wrapped = []
+    for phase, names in PHASES.items():
+        for name in names:
+            module_name, _, attr = name.rpartition(".")
+            owner = None
+            try:
+                module = importlib.import_module(module_name)
+                fn, owner = getattr(module, attr), module
+            except (ImportError, AttributeError):
+                cls_module, _, cls = module_name.rpartition(".")
+                try:
+                    owner = getattr(importlib.import_module(cls_module), cls)
+                    fn = getattr(owner, attr)
+                except (ImportError, AttributeError):
+                    continue
+            timed = _timed(phase, fn)
+            setattr(owner, attr, timed)
+            # Functions imported by name into other grammar modules are wrapped there too.
+            for mod in list(sys.modules.values()):
+                if getattr(mod, "__name__", "").startswith("grammar.") and getattr(mod, attr, None) is fn:
+                    setattr(mod, attr, timed)
+            wrapped.append(name)
+    return wrapped
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--input", type=Path, default=Path("/work/shared/bench/maskbench/dev.jsonl.gz"))
+    ap.add_argument("--sample", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--top", type=int, default=20)
+    args = ap.parse_args()
+    import grammar
+    from engine.hf.tokenizers import load_qwen2_tokenizer
+    from grammar.api import clear_cache
+    from maskbench import load_records
+
+    print(f"grammar from {Path(grammar.__file__).parent}", file=sys.stderr)
+    tok = load_qwen2_tokenizer()
+    vocab = grammar.TokenVocabulary.from_tokenizer(tok)
+    mask = np.zeros((1, (vocab.vocab_size + 31) // 32), dtype=np.int32)
+    grammar.GrammarMatcher(grammar.compile_regex("a", vocab)).fill_next_token_bitmask(mask, 0)  # per-vocabulary setup
+    grammar.GrammarMatcher(grammar.compile_json_schema({"type": "object"}, vocab)).fill_next_token_bitmask(mask, 0)
+    print("wrapped: " + ", ".join(install()), file=sys.stderr)
+    masks: list[tuple[float, dict, str, int, int]] = []
+    for record in load_records(args.input, 0, None, args.sample, args.seed):
+        clear_cache()
+        try:
+            compiled = grammar.compile_json_schema(record["schema"], vocab)
+        except grammar.GrammarError:
+            continue
+        for i, test in enumerate(record["tests"]):
+            m = grammar.GrammarMatcher(compiled)
+            m.fill_next_token_bitmask(mask, 0)
+            for pos, token in enumerate(tok.encode(json.dumps(test["data"], ensure_ascii=False), add_special_tokens=False)):
+                if not m.accept_token(token):
+                    break
+                _spent.clear()
+                t0 = time.perf_counter()
+                m.fill_next_token_bitmask(mask, 0)
+                masks.append((time.perf_counter() - t0, dict(_spent), record["id"], i, pos))
+    report(masks, args.top)
+
+
+def report(masks: list, top: int) -> None:
+    times = np.array([m[0] for m in masks]) * 1e6
+    print(f"{len(masks)} masks: p50 {np.percentile(times, 50):.0f} µs, p90 {np.percentile(times, 90):.0f} µs, "
+          f"p99 {np.percentile(times, 99):.0f} µs, max {times.max():.0f} µs\n")
+    phases = list(PHASES)
+    print("| schema | test@token | total ms | " + " | ".join(phases) + " |")
+    print("|---|---|---:|" + "---:|" * len(phases))
+    slowest = sorted(masks, key=lambda m: -m[0])[:top]
+    for dt, spent, rid, i, pos in slowest:
+        print(f"| {rid[:48]} | {i}@{pos} | {dt * 1e3:.1f} | " + " | ".join(f"{spent.get(p, 0) * 1e3:.1f}" for p in phases) + " |")
+    for label, group in ((f"slowest {top}", slowest), ("all masks", masks)):
+        total = sum(m[0] for m in group)
+        shares = {p: sum(m[1].get(p, 0) for m in group) / total * 100 for p in phases}
+        print(f"\nshare of time, {label} ({total:.2f} s): " + ", ".join(f"{p} {shares[p]:.0f}%" for p in phases))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,675 @@
+"""The compiled core of lazy determinization: stack graph, closures, configurations, rows.
+
+``automaton.py`` explains the model; this module holds its data in numpy arrays inside one numba
+structure (:class:`Core`) and its operations as numba functions, so a trie walk can compute the
+rows it reaches without returning to Python (``token_walk.py`` calls :func:`expand_row` from
+inside its kernel), and without the GIL.
+
+Layout (every set of ids is a sorted run of a pool array, interned by a hash of its content):
+- NFA, read-only: byte edges, epsilon edges and calls in CSR form; rule starts and finals.
+- stack nodes: (NFA state, parent set); parent sets: node ids plus the markers EMPTY_STACK
+  (bottom) and HOLE_STACK (a truncated bottom); a node's depth is one more than its deepest parent.
+- closures, per node (memoized): the kernel nodes reachable without consuming a byte (nodes
+  whose state has byte edges) and flags (ACCEPTING: a pop reached the bottom; EXITS: a truncation
+  hole).
+- configurations: kernel nodes, at most one per NFA state (nodes with the same top are merged by
+  uniting their parent sets) and flags; the transition table, one row of 256 per configuration,
+  UNEXPANDED until computed. A row is computed whole, one step per segment of bytes on which no
+  edge of its nodes begins or ends.
+
+Functions return a status (< 0: a budget was exceeded, see the ERR_* codes) where they can fail.
+Callers hold the automaton's lock: nothing here is safe to run twice at once on one Core.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.experimental import structref
+
+UNEXPANDED = -2
+DEAD = -1
+EMPTY_STACK = -1
+HOLE_STACK = -3
+ACCEPTING, EXITS = 1, 2
+# Status codes (negative): which budget was exceeded.
+ERR_STATES, ERR_DEPTH, ERR_CLOSURE = -10, -11, -12
+
+_FNV_OFFSET = np.uint64(1469598103934665603)
+_FNV_PRIME = np.uint64(1099511628211)
+
+
+@structref.register
+class CoreType(types.StructRef):
+    def preprocess_fields(self, fields):
+        return tuple((name, types.unliteral(typ)) for name, typ in fields)
+
+
+class Core(structref.StructRefProxy):
+    """The determinizer's arrays (one per automaton); build with :func:`new_core`."""
+
+
+_FIELDS = [
+    # NFA (read-only)
+    "e_ptr", "e_lo", "e_hi", "e_dst", "eps_ptr", "eps_dst", "call_ptr", "call_callee", "call_ret",
+    "final_rule", "rule_start", "tail_ret", "has_edges",
+    # budgets
+    "max_states", "max_depth", "max_closure",
+    # stack nodes
+    "node_q", "node_ps", "node_depth", "n_nodes", "nmap_keys", "nmap_vals", "nmap_n",
+    # parent sets
+    "ps_start", "ps_len", "ps_depth", "n_ps", "ps_pool", "ps_pool_n", "psmap_keys", "psmap_vals", "psmap_n",
+    # closures, per node
+    "clo_start", "clo_len", "clo_flags", "clo_pool", "clo_pool_n",
+    # configurations
+    "cfg_start", "cfg_len", "n_cfg", "cfg_pool", "cfg_pool_n", "cmap_keys", "cmap_vals", "cmap_n",
+    "accepting", "exits", "table",
+    # scratch: visit marks per node
+    "mark", "mark_gen",
+]
+structref.define_proxy(Core, CoreType, _FIELDS)
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+@njit(cache=True, nogil=True)
+def _hash_run(pool, start, n, salt):  # pragma: no cover - compiled
+    h = _FNV_OFFSET ^ np.uint64(salt)
+    for i in range(start, start + n):
+        h = (h ^ np.uint64(pool[i] + 7)) * _FNV_PRIME
+    return np.int64(h >> np.uint64(1))
+
+
+@njit(cache=True, nogil=True)
+def _mix(key):  # pragma: no cover
+    h = np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)
+    return np.int64(h >> np.uint64(1))
+
+
+@njit(cache=True, nogil=True)
+def _grow_int32(a, need, fill):  # pragma: no cover
+    new = np.full(max(need, 2 * a.shape[0]), fill, dtype=np.int32)
+    new[: a.shape[0]] = a
+    return new
+
+
+@njit(cache=True, nogil=True)
+def _grow_int64(a, need, fill):  # pragma: no cover
+    new = np.full(max(need, 2 * a.shape[0]), fill, dtype=np.int64)
+    new[: a.shape[0]] = a
+    return new
+
+
+@njit(cache=True, nogil=True)
+def _grow_int8(a, need):  # pragma: no cover
+    new = np.zeros(max(need, 2 * a.shape[0]), dtype=np.int8)
+    new[: a.shape[0]] = a
+    return new
+
+
+@njit(cache=True, nogil=True)
+def _grow_bool(a, need):  # pragma: no cover
+    new = np.zeros(max(need, 2 * a.shape[0]), dtype=np.bool_)
+    new[: a.shape[0]] = a
+    return new
+
+
+@njit(cache=True, nogil=True)
+def _sort_unique(buf, n):  # pragma: no cover
+    """Sort buf[:n] in place and drop duplicates; returns the new length."""
+    if n <= 1:
+        return n
+    buf[:n].sort()
+    k = 1
+    for i in range(1, n):
+        if buf[i] != buf[k - 1]:
+            buf[k] = buf[i]
+            k += 1
+    return k
+
+
+@njit(cache=True, nogil=True)
+def _push(buf, n, x):  # pragma: no cover
+    """Append x to buf[:n], growing it; returns the (possibly new) buffer."""
+    if n == buf.shape[0]:
+        buf = _grow_int32(buf, n + 1, 0)
+    buf[n] = x
+    return buf
+
+
+# ---------------------------------------------------------------------------------- construction
+
+
+@njit(cache=True)
+def new_core(e_ptr, e_lo, e_hi, e_dst, eps_ptr, eps_dst, call_ptr, call_callee, call_ret, final_rule, rule_start,
+             tail_ret, has_edges, max_states, max_depth, max_closure):  # pragma: no cover
+    cap = 64
+    return Core(
+        e_ptr, e_lo, e_hi, e_dst, eps_ptr, eps_dst, call_ptr, call_callee, call_ret, final_rule, rule_start,
+        tail_ret, has_edges,
+        max_states, max_depth, max_closure,
+        np.zeros(cap, np.int32), np.zeros(cap, np.int32), np.zeros(cap, np.int32), 0,
+        np.zeros(2 * cap, np.int64), np.full(2 * cap, -1, np.int32), 0,
+        np.zeros(cap, np.int64), np.zeros(cap, np.int32), np.zeros(cap, np.int32), 0, np.zeros(4 * cap, np.int32), 0,
+        np.zeros(2 * cap, np.int64), np.full(2 * cap, -1, np.int32), 0,
+        np.full(cap, -1, np.int64), np.zeros(cap, np.int32), np.zeros(cap, np.int8), np.zeros(4 * cap, np.int32), 0,
+        np.zeros(cap, np.int64), np.zeros(cap, np.int32), 0, np.zeros(4 * cap, np.int32), 0,
+        np.zeros(2 * cap, np.int64), np.full(2 * cap, -1, np.int32), 0,
+        np.zeros(cap, np.bool_), np.zeros(cap, np.bool_), np.full((cap, 256), UNEXPANDED, np.int32),
+        np.zeros(cap, np.int32), 0,
+    )
+
+
+@njit(cache=True)
+def static_core(table, exits):  # pragma: no cover
+    """A Core over a complete transition table (every row computed): walkable, never expanded."""
+    empty = np.zeros(1, np.int32)
+    no = np.zeros(1, np.bool_)
+    c = new_core(empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, no, no, 0, 0, 0)
+    c.table = table
+    c.exits = exits
+    c.accepting = np.zeros(table.shape[0], np.bool_)
+    c.n_cfg = table.shape[0]
+    return c
+
+
+@njit(cache=True)
+def core_table(c):  # pragma: no cover
+    return c.table
+
+
+@njit(cache=True)
+def core_flags(c):  # pragma: no cover
+    """(exits, accepting, number of configurations)."""
+    return c.exits, c.accepting, c.n_cfg
+
+
+@njit(cache=True)
+def core_arrays(c):  # pragma: no cover
+    """Views for Python: (table, exits, accepting, n_cfg, node_q, node_ps, node_depth, n_nodes,
+    ps_start, ps_len, ps_pool, cfg_start, cfg_len, cfg_pool)."""
+    return (c.table, c.exits, c.accepting, c.n_cfg, c.node_q, c.node_ps, c.node_depth, c.n_nodes,
+            c.ps_start, c.ps_len, c.ps_pool, c.cfg_start, c.cfg_len, c.cfg_pool)
+
+
+# ---------------------------------------------------------------------------------- interning
+
+
+@njit(cache=True, nogil=True)
+def _rehash_nodes(c):  # pragma: no cover
+    cap = 2 * c.nmap_keys.shape[0]
+    keys = np.zeros(cap, np.int64)
+    vals = np.full(cap, -1, np.int32)
+    mask = cap - 1
+    for nid in range(c.n_nodes):
+        key = (np.int64(c.node_q[nid]) << 32) | np.int64(c.node_ps[nid])
+        h = _mix(key) & mask
+        while vals[h] != -1:
+            h = (h + 1) & mask
+        keys[h] = key
+        vals[h] = nid
+    c.nmap_keys = keys
+    c.nmap_vals = vals
+
+
+@njit(cache=True, nogil=True)
+def intern_node(c, q, ps):  # pragma: no cover
+    """Id of stack node (NFA state q, parent set ps); ERR_DEPTH past the depth budget."""
+    if 2 * (c.nmap_n + 1) > c.nmap_keys.shape[0]:
+        _rehash_nodes(c)
+    key = (np.int64(q) << 32) | np.int64(ps)
+    mask = c.nmap_keys.shape[0] - 1
+    h = _mix(key) & mask
+    while c.nmap_vals[h] != -1:
+        if c.nmap_keys[h] == key:
+            return c.nmap_vals[h]
+        h = (h + 1) & mask
+    depth = 1 + c.ps_depth[ps]
+    if depth > c.max_depth:
+        return ERR_DEPTH
+    nid = c.n_nodes
+    if nid == c.node_q.shape[0]:
+        c.node_q = _grow_int32(c.node_q, nid + 1, 0)
+        c.node_ps = _grow_int32(c.node_ps, nid + 1, 0)
+        c.node_depth = _grow_int32(c.node_depth, nid + 1, 0)
+        c.clo_start = _grow_int64(c.clo_start, nid + 1, -1)
+        c.clo_len = _grow_int32(c.clo_len, nid + 1, 0)
+        c.clo_flags = _grow_int8(c.clo_flags, nid + 1)
+        c.mark = _grow_int32(c.mark, nid + 1, 0)
+    c.node_q[nid] = q
+    c.node_ps[nid] = ps
+    c.node_depth[nid] = depth
+    c.n_nodes = nid + 1
+    c.nmap_keys[h] = key
+    c.nmap_vals[h] = nid
+    c.nmap_n += 1
+    return nid
+
+
+@njit(cache=True, nogil=True)
+def _rehash_sets(keys, vals, n_items, hashes):  # pragma: no cover
+    cap = 2 * keys.shape[0]
+    new_keys = np.zeros(cap, np.int64)
+    new_vals = np.full(cap, -1, np.int32)
+    mask = cap - 1
+    for i in range(n_items):
+        h = _mix(hashes[i]) & mask
+        while new_vals[h] != -1:
+            h = (h + 1) & mask
+        new_keys[h] = hashes[i]
+        new_vals[h] = i
+    return new_keys, new_vals
+
+
+@njit(cache=True, nogil=True)
+def intern_parents(c, buf, n):  # pragma: no cover
+    """Id of the parent set buf[:n] (sorted, distinct)."""
+    if 2 * (c.psmap_n + 1) > c.psmap_keys.shape[0]:
+        hashes = np.empty(c.n_ps, np.int64)
+        for i in range(c.n_ps):
+            hashes[i] = _hash_run(c.ps_pool, c.ps_start[i], c.ps_len[i], 0)
+        c.psmap_keys, c.psmap_vals = _rehash_sets(c.psmap_keys, c.psmap_vals, c.n_ps, hashes)
+    key = _hash_run(buf, 0, n, 0)
+    mask = c.psmap_keys.shape[0] - 1
+    h = _mix(key) & mask
+    while c.psmap_vals[h] != -1:
+        ps = c.psmap_vals[h]
+        if c.psmap_keys[h] == key and c.ps_len[ps] == n:
+            start = c.ps_start[ps]
+            same = True
+            for i in range(n):
+                if c.ps_pool[start + i] != buf[i]:
+                    same = False
+                    break
+            if same:
+                return ps
+        h = (h + 1) & mask
+    ps = c.n_ps
+    if ps == c.ps_start.shape[0]:
+        c.ps_start = _grow_int64(c.ps_start, ps + 1, 0)
+        c.ps_len = _grow_int32(c.ps_len, ps + 1, 0)
+        c.ps_depth = _grow_int32(c.ps_depth, ps + 1, 0)
+    if c.ps_pool_n + n > c.ps_pool.shape[0]:
+        c.ps_pool = _grow_int32(c.ps_pool, c.ps_pool_n + n, 0)
+    depth = 0
+    for i in range(n):
+        c.ps_pool[c.ps_pool_n + i] = buf[i]
+        if buf[i] >= 0 and c.node_depth[buf[i]] > depth:
+            depth = c.node_depth[buf[i]]
+    c.ps_start[ps] = c.ps_pool_n
+    c.ps_len[ps] = n
+    c.ps_depth[ps] = depth
+    c.ps_pool_n += n
+    c.n_ps = ps + 1
+    c.psmap_keys[h] = key
+    c.psmap_vals[h] = ps
+    c.psmap_n += 1
+    return ps
+
+
+@njit(cache=True, nogil=True)
+def intern_config(c, buf, n, flags):  # pragma: no cover
+    """Id of the configuration with kernel buf[:n] (sorted) and flags; ERR_STATES past budget."""
+    if 2 * (c.cmap_n + 1) > c.cmap_keys.shape[0]:
+        hashes = np.empty(c.n_cfg, np.int64)
+        for i in range(c.n_cfg):
+            f = (1 if c.accepting[i] else 0) | (2 if c.exits[i] else 0)
+            hashes[i] = _hash_run(c.cfg_pool, c.cfg_start[i], c.cfg_len[i], f)
+        c.cmap_keys, c.cmap_vals = _rehash_sets(c.cmap_keys, c.cmap_vals, c.n_cfg, hashes)
+    key = _hash_run(buf, 0, n, flags)
+    mask = c.cmap_keys.shape[0] - 1
+    h = _mix(key) & mask
+    while c.cmap_vals[h] != -1:
+        cid = c.cmap_vals[h]
+        if c.cmap_keys[h] == key and c.cfg_len[cid] == n:
+            f = (1 if c.accepting[cid] else 0) | (2 if c.exits[cid] else 0)
+            if f == flags:
+                start = c.cfg_start[cid]
+                same = True
+                for i in range(n):
+                    if c.cfg_pool[start + i] != buf[i]:
+                        same = False
+                        break
+                if same:
+                    return cid
+        h = (h + 1) & mask
+    cid = c.n_cfg
+    if cid >= c.max_states:
+        return ERR_STATES
+    if cid == c.cfg_start.shape[0]:
+        c.cfg_start = _grow_int64(c.cfg_start, cid + 1, 0)
+        c.cfg_len = _grow_int32(c.cfg_len, cid + 1, 0)
+        c.accepting = _grow_bool(c.accepting, cid + 1)
+        c.exits = _grow_bool(c.exits, cid + 1)
+        table = np.full((2 * c.table.shape[0], 256), UNEXPANDED, np.int32)
+        table[: c.table.shape[0]] = c.table
+        c.table = table
+    if c.cfg_pool_n + n > c.cfg_pool.shape[0]:
+        c.cfg_pool = _grow_int32(c.cfg_pool, c.cfg_pool_n + n, 0)
+    for i in range(n):
+        c.cfg_pool[c.cfg_pool_n + i] = buf[i]
+    c.cfg_start[cid] = c.cfg_pool_n
+    c.cfg_len[cid] = n
+    c.accepting[cid] = (flags & ACCEPTING) != 0
+    c.exits[cid] = (flags & EXITS) != 0
+    c.cfg_pool_n += n
+    c.n_cfg = cid + 1
+    c.cmap_keys[h] = key
+    c.cmap_vals[h] = cid
+    c.cmap_n += 1
+    return cid
+
+
+# ---------------------------------------------------------------------------------- closures
+
+
+@njit(cache=True, nogil=True)
+def _next_gen(c):  # pragma: no cover
+    if c.mark_gen >= 2_000_000_000:
+        c.mark[:] = 0
+        c.mark_gen = 0
+    c.mark_gen += 1
+    return np.int32(c.mark_gen)
+
+
+@njit(cache=True, nogil=True)
+def closure(c, nid):  # pragma: no cover
+    """Compute (once) the closure of node ``nid``: a depth-first search over epsilon edges, calls
+    (a call in tail position pushes no frame) and pops into the parents. Returns 0 or a status."""
+    if c.clo_start[nid] >= 0:
+        return 0
+    gen = _next_gen(c)
+    stack = np.empty(16, np.int32)
+    ns = 0
+    kernel = np.empty(16, np.int32)
+    nk = 0
+    flags = 0
+    visited = 0
+    stack[0] = nid
+    ns = 1
+    c.mark[nid] = gen
+    one = np.empty(1, np.int32)
+    while ns > 0:
+        ns -= 1
+        n = stack[ns]
+        q = c.node_q[n]
+        ps = c.node_ps[n]
+        visited += 1
+        if visited > c.max_closure:
+            return ERR_CLOSURE
+        if c.has_edges[q]:
+            kernel = _push(kernel, nk, n)
+            nk += 1
+        for e in range(c.eps_ptr[q], c.eps_ptr[q + 1]):
+            m = intern_node(c, c.eps_dst[e], ps)
+            if m < 0:
+                return m
+            if c.mark[m] != gen:
+                c.mark[m] = gen
+                stack = _push(stack, ns, m)
+                ns += 1
+        for e in range(c.call_ptr[q], c.call_ptr[q + 1]):
+            callee, ret = c.call_callee[e], c.call_ret[e]
+            if c.tail_ret[ret]:
+                # A call in tail position returns straight to the caller's caller: no frame, so
+                # right recursion (`list ::= item list?`) keeps the stack flat.
+                m = intern_node(c, c.rule_start[callee], ps)
+            else:
+                r = intern_node(c, ret, ps)
+                if r < 0:
+                    return r
+                one[0] = r
+                m = intern_node(c, c.rule_start[callee], intern_parents(c, one, 1))
+            if m < 0:
+                return m
+            if c.mark[m] != gen:
+                c.mark[m] = gen
+                stack = _push(stack, ns, m)
+                ns += 1
+        if c.final_rule[q] >= 0:  # the frame pops: continue in every parent
+            start = c.ps_start[ps]
+            for i in range(start, start + c.ps_len[ps]):
+                p = c.ps_pool[i]
+                if p == EMPTY_STACK:
+                    flags |= ACCEPTING
+                elif p == HOLE_STACK:
+                    flags |= EXITS
+                elif c.mark[p] != gen:
+                    c.mark[p] = gen
+                    stack = _push(stack, ns, p)
+                    ns += 1
+    nk = _sort_unique(kernel, nk)
+    if c.clo_pool_n + nk > c.clo_pool.shape[0]:
+        c.clo_pool = _grow_int32(c.clo_pool, c.clo_pool_n + nk, 0)
+    c.clo_pool[c.clo_pool_n:c.clo_pool_n + nk] = kernel[:nk]
+    c.clo_start[nid] = c.clo_pool_n
+    c.clo_len[nid] = nk
+    c.clo_flags[nid] = flags
+    c.clo_pool_n += nk
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _config_of_kernel(c, kernel, nk, flags):  # pragma: no cover
+    """Merge kernel nodes sharing a top state (uniting their parent sets), then intern."""
+    if nk == 0 and flags == 0:
+        return DEAD
+    tops = np.empty(nk, np.int64)
+    for i in range(nk):
+        tops[i] = (np.int64(c.node_q[kernel[i]]) << 32) | np.int64(kernel[i])
+    tops.sort()
+    out = np.empty(nk, np.int32)
+    no = 0
+    members = np.empty(16, np.int32)
+    i = 0
+    while i < nk:
+        q = tops[i] >> 32
+        j = i + 1
+        while j < nk and (tops[j] >> 32) == q:
+            j += 1
+        if j == i + 1:
+            out[no] = np.int32(tops[i] & 0xFFFFFFFF)
+        else:
+            nm = 0
+            for k in range(i, j):
+                ps = c.node_ps[np.int32(tops[k] & 0xFFFFFFFF)]
+                for t in range(c.ps_start[ps], c.ps_start[ps] + c.ps_len[ps]):
+                    members = _push(members, nm, c.ps_pool[t])
+                    nm += 1
+            nm = _sort_unique(members, nm)
+            merged = intern_node(c, np.int32(q), intern_parents(c, members, nm))
+            if merged < 0:
+                return merged
+            out[no] = merged
+        no += 1
+        i = j
+    out[:no].sort()
+    return intern_config(c, out, no, flags)
+
+
+@njit(cache=True, nogil=True)
+def initial_config(c, root_rule):  # pragma: no cover
+    bottom = np.full(1, EMPTY_STACK, np.int32)
+    root = intern_node(c, c.rule_start[root_rule], intern_parents(c, bottom, 1))
+    if root < 0:
+        return root
+    status = closure(c, root)
+    if status < 0:
+        return status
+    start, n = c.clo_start[root], c.clo_len[root]
+    return _config_of_kernel(c, c.clo_pool[start:start + n].copy(), n, np.int64(c.clo_flags[root]))
+
+
+# ---------------------------------------------------------------------------------- rows
+
+
+@njit(cache=True, nogil=True)
+def _step(c, cfg, b):  # pragma: no cover
+    """The configuration after byte ``b`` from ``cfg`` (DEAD, or a status < DEAD)."""
+    start, n = c.cfg_start[cfg], c.cfg_len[cfg]
+    # Seeds: (target, parent set) per matching edge; equal targets merge their parent sets.
+    seeds = np.empty(16, np.int64)
+    nseeds = 0
+    for i in range(start, start + n):
+        node = c.cfg_pool[i]
+        q = c.node_q[node]
+        for e in range(c.e_ptr[q], c.e_ptr[q + 1]):
+            if c.e_lo[e] <= b <= c.e_hi[e]:
+                if nseeds == seeds.shape[0]:
+                    grown = np.empty(2 * nseeds, np.int64)
+                    grown[:nseeds] = seeds
+                    seeds = grown
+                seeds[nseeds] = (np.int64(c.e_dst[e]) << 32) | np.int64(c.node_ps[node])
+                nseeds += 1
+    if nseeds == 0:
+        return DEAD
+    seeds[:nseeds].sort()
+    roots = np.empty(nseeds, np.int32)
+    nroots = 0
+    flags = 0
+    members = np.empty(16, np.int32)
+    i = 0
+    while i < nseeds:
+        t = seeds[i] >> 32
+        j = i + 1
+        while j < nseeds and (seeds[j] >> 32) == t:
+            j += 1
+        if j == i + 1:
+            ps = np.int32(seeds[i] & 0xFFFFFFFF)
+        else:
+            nm = 0
+            for k in range(i, j):
+                p = np.int32(seeds[k] & 0xFFFFFFFF)
+                for x in range(c.ps_start[p], c.ps_start[p] + c.ps_len[p]):
+                    members = _push(members, nm, c.ps_pool[x])
+                    nm += 1
+            nm = _sort_unique(members, nm)
+            ps = intern_parents(c, members, nm)
+        seed = intern_node(c, np.int32(t), ps)
+        if seed < 0:
+            return seed
+        status = closure(c, seed)  # (uses the visit marks: collect the kernels afterwards)
+        if status < 0:
+            return status
+        roots[nroots] = seed
+        nroots += 1
+        i = j
+    gen = _next_gen(c)
+    kernel = np.empty(16, np.int32)
+    nk = 0
+    for r in range(nroots):
+        seed = roots[r]
+        flags |= c.clo_flags[seed]
+        for x in range(c.clo_start[seed], c.clo_start[seed] + c.clo_len[seed]):
+            m = c.clo_pool[x]
+            if c.mark[m] != gen:
+                c.mark[m] = gen
+                kernel = _push(kernel, nk, m)
+                nk += 1
+    return _config_of_kernel(c, kernel, nk, np.int64(flags))
+
+
+@njit(cache=True, nogil=True)
+def expand_row(c, cfg):  # pragma: no cover
+    """Compute the transition row of ``cfg`` (no-op if done): one step per segment of bytes on
+    which no edge of its nodes begins or ends. Returns 0 or a status."""
+    if c.table[cfg, 0] != UNEXPANDED:
+        return 0
+    cut = np.zeros(257, np.bool_)
+    cut[0] = True
+    cut[256] = True
+    start, n = c.cfg_start[cfg], c.cfg_len[cfg]
+    for i in range(start, start + n):
+        q = c.node_q[c.cfg_pool[i]]
+        for e in range(c.e_ptr[q], c.e_ptr[q + 1]):
+            cut[c.e_lo[e]] = True
+            cut[c.e_hi[e] + 1] = True
+    row = np.empty(256, np.int32)
+    lo = 0
+    while lo < 256:
+        hi = lo + 1
+        while not cut[hi]:
+            hi += 1
+        target = _step(c, cfg, lo)
+        if target < DEAD:
+            return target
+        row[lo:hi] = target
+        lo = hi
+    c.table[cfg, :] = row  # after the steps: interning may have grown the table
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def step_bytes(c, cfg, data):  # pragma: no cover
+    """The configuration after the bytes ``data`` (uint8), DEAD, or a status."""
+    for b in data:
+        if cfg < 0:
+            return cfg
+        if c.table[cfg, b] == UNEXPANDED:
+            status = expand_row(c, cfg)
+            if status < 0:
+                return status
+        cfg = c.table[cfg, b]
+    return cfg
+
+
+@njit(cache=True, nogil=True)
+def row_shape(c, cfg):  # pragma: no cover
+    """(status, bytes looping back to ``cfg``, lowest live byte, highest live byte) of its row,
+    computing the row first: what region detection asks of every state it sees."""
+    status = expand_row(c, cfg)
+    if status < 0:
+        return status, 0, -1, -1
+    loops, lo, hi = 0, -1, -1
+    for b in range(256):
+        t = c.table[cfg, b]
+        if t == cfg:
+            loops += 1
+        if t >= 0:
+            if lo < 0:
+                lo = b
+            hi = b
+    return 0, loops, lo, hi
+
+
+# ---------------------------------------------------------------------------------- truncation
+
+
+@njit(cache=True, nogil=True)
+def _truncated_node(c, nid, keep):  # pragma: no cover
+    if c.node_depth[nid] <= keep:
+        return nid
+    ps = c.node_ps[nid]
+    members = np.empty(c.ps_len[ps] + 1, np.int32)
+    nm = 0
+    if keep == 1:
+        members[0] = HOLE_STACK
+        nm = 1
+    else:
+        for i in range(c.ps_start[ps], c.ps_start[ps] + c.ps_len[ps]):
+            p = c.ps_pool[i]
+            if p >= 0:
+                p = _truncated_node(c, p, keep - 1)
+                if p < 0:
+                    return p
+            members[nm] = p
+            nm += 1
+        nm = _sort_unique(members, nm)
+    return intern_node(c, c.node_q[nid], intern_parents(c, members, nm))
+
+
+@njit(cache=True, nogil=True)
+def truncate(c, cfg, keep):  # pragma: no cover
+    """``cfg`` with every stack cut to its top ``keep`` frames over a HOLE (flags cleared)."""
+    start, n = c.cfg_start[cfg], c.cfg_len[cfg]
+    kernel = np.empty(max(n, 1), np.int32)
+    for i in range(n):
+        m = _truncated_node(c, c.cfg_pool[start + i], keep)
+        if m < 0:
+            return m
+        kernel[i] = m
+    nk = _sort_unique(kernel, n)
+    if nk == 0:
+        return intern_config(c, kernel, 0, 0)
+    return _config_of_kernel(c, kernel, nk, 0)

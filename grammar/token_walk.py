@@ -1,0 +1,332 @@
+"""Walking vocabulary tokens through an automaton: the one trie walk and the token-major check.
+
+Both are compiled with numba (``nogil``): they run without the GIL, so an engine can fill masks
+in a worker thread while torch runs the model's forward pass.
+
+- :func:`walk_trie`: every token at once, depth first over the preorder trie of
+  ``token_trie.py``. A node is one transition-table lookup; a rejected prefix skips its whole
+  subtree. Options: record each allowed token's end state (budget-aware masks), and stop at
+  configurations flagged as *exits* (a truncated stack popping into its hole, or a region's
+  boundary), reporting those subtrees as ranges of sorted token positions instead of walking them.
+- :func:`check_tokens`: listed tokens, one by one, each from its own start state and byte
+  offset: the tokens that left a shared region or hit a truncation hole, checked against the
+  real configuration.
+
+The automaton is determinized lazily, so a walk can read a transition whose row does not exist
+yet (``UNEXPANDED``): the kernel computes it on the spot with the compiled determinizer
+(``determinizer.expand_row``) and walks on, so a whole mask is one call that never takes the GIL.
+The caller holds the automaton's lock for the call (the determinizer changes the automaton);
+walks of other grammars, and the model's forward pass, run meanwhile. Kernels allocate nothing
+shared: every call gets its own work arrays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from numba import njit
+
+from . import determinizer as det
+from .token_trie import DEPTH_SHIFT, FIELD_24, MAX_TRIE_DEPTH, SKIP_SHIFT, TOKEN_SHIFT, TokenTrie
+
+UNEXPANDED = det.UNEXPANDED  # a transition-table cell whose row has not been computed yet
+
+# Kernel status codes (io[0]); negative codes are the determinizer's budget errors.
+_DONE, _GROW = 0, 2
+# check_tokens outcomes.
+DEAD, ALLOWED, AT_EXIT = 0, 1, 2
+
+
+class TransitionSource(Protocol):
+    """What the walks need of an automaton: its compiled core, and the lock that guards it."""
+
+    core: Any
+    lock: Any
+
+    def check_status(self, status: int) -> int:
+        """Raise the budget error a negative status stands for; return the status otherwise."""
+        ...
+
+
+class StaticTable:
+    """A complete transition table (a region's canonical table), walkable like an automaton."""
+
+    def __init__(self, table: np.ndarray, exits: np.ndarray) -> None:
+        self.core = det.static_core(np.ascontiguousarray(table, dtype=np.int32), np.ascontiguousarray(exits, dtype=np.bool_))
+        self.lock = contextlib.nullcontext()
+
+    def check_status(self, status: int) -> int:
+        assert status >= det.DEAD, "a static table is never expanded"
+        return status
+
+
+@dataclass
+class TrieWalk:
+    """What one walk found: allowed tokens (EOS never included) and what was asked for besides."""
+
+    bits: np.ndarray  # uint32 [width]: packed allowed tokens
+    end_states: np.ndarray | None = None  # int32 [vocab]: state after each allowed token, else -1
+    # int32 [k, 4]: (first position, end position, state before the byte, byte offset) of each
+    # subtree that entered an exit configuration; None unless the walk stopped at exits.
+    exit_ranges: np.ndarray | None = None
+
+
+_NO_INT32 = np.zeros(1, dtype=np.int32)
+_NO_RANGES = np.zeros((1, 4), dtype=np.int32)
+
+
+# ---------------------------------------------------------------------------------- kernels
+
+
+@njit("Tuple((uint64[::1], int32[::1]))(uint8[::1], int64[::1], int32[::1], int32[::1], int64)", nogil=True, cache=True)
+def build_trie_nodes(flat, offsets, lengths, ids, n):  # pragma: no cover - compiled
+    """Preorder node words and first positions of the first ``n`` (sorted, distinct) tokens."""
+    total = 0
+    prev_len = 0
+    for i in range(n):
+        lcp = 0
+        if i > 0:
+            a, b = offsets[i - 1], offsets[i]
+            m = min(prev_len, lengths[i])
+            while lcp < m and flat[a + lcp] == flat[b + lcp]:
+                lcp += 1
+        total += lengths[i] - lcp
+        prev_len = lengths[i]
+    words = np.zeros(total, dtype=np.uint64)
+    first_pos = np.empty(total + 1, dtype=np.int32)
+    depth = np.empty(total, dtype=np.int32)
+    k = 0
+    prev_len = 0
+    for i in range(n):
+        lcp = 0
+        if i > 0:
+            a, b = offsets[i - 1], offsets[i]
+            m = min(prev_len, lengths[i])
+            while lcp < m and flat[a + lcp] == flat[b + lcp]:
+                lcp += 1
+        for d in range(lcp, lengths[i]):
+            words[k] = np.uint64(flat[offsets[i] + d]) | (np.uint64(d + 1) << np.uint64(DEPTH_SHIFT))
+            depth[k] = d + 1
+            first_pos[k] = i
+            k += 1
+        words[k - 1] |= np.uint64(ids[i] + 1) << np.uint64(TOKEN_SHIFT)
+        prev_len = lengths[i]
+    first_pos[total] = n
+    # skip[k]: the first later node no deeper than k (the end of k's subtree), via a stack.
+    stack = np.empty(total + 1, dtype=np.int64)
+    top = 0
+    for k in range(total):
+        while top > 0 and depth[stack[top - 1]] >= depth[k]:
+            words[stack[top - 1]] |= np.uint64(k) << np.uint64(SKIP_SHIFT)
+            top -= 1
+        stack[top] = k
+        top += 1
+    while top > 0:
+        words[stack[top - 1]] |= np.uint64(total) << np.uint64(SKIP_SHIFT)
+        top -= 1
+    return words, first_pos
+
+
+@njit(nogil=True, cache=True)
+def _walk_kernel(core, words, first_pos, stop_at_exits, state_at, bits, ends, want_ends, ranges, io):  # pragma: no cover
+    """Depth-first walk from ``state_at[0]``, starting at node io[1] (resumable: ``state_at``
+    keeps the states along the current path). Rows not computed yet are computed here. io:
+    [status, node to resume at, ranges used]; status _GROW means ``ranges`` is full, < 0 a
+    determinizer budget error."""
+    n = words.shape[0]
+    i = io[1]
+    nr = io[2]
+    table = core.table
+    exits = core.exits
+    while i < n:
+        w = words[i]
+        d = np.int64((w >> np.uint64(DEPTH_SHIFT)) & np.uint64(0xFF))
+        p = state_at[d - 1]
+        b = np.int64(w & np.uint64(0xFF))
+        ns = table[p, b]
+        if ns == UNEXPANDED:
+            status = det.expand_row(core, p)
+            if status < 0:
+                io[0], io[1], io[2] = status, i, nr
+                return
+            table = core.table  # the determinizer may have grown the arrays
+            exits = core.exits
+            ns = table[p, b]
+        if ns < 0:
+            i = np.int64(w >> np.uint64(SKIP_SHIFT))
+            continue
+        if stop_at_exits and exits[ns]:
+            if nr == ranges.shape[0]:
+                io[0], io[1], io[2] = _GROW, i, nr
+                return
+            skip = np.int64(w >> np.uint64(SKIP_SHIFT))
+            ranges[nr, 0] = first_pos[i]
+            ranges[nr, 1] = first_pos[skip]
+            ranges[nr, 2] = p
+            ranges[nr, 3] = d - 1
+            nr += 1
+            i = skip
+            continue
+        t = np.int64((w >> np.uint64(TOKEN_SHIFT)) & np.uint64(FIELD_24)) - 1
+        if t >= 0:
+            bits[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+            if want_ends:
+                ends[t] = ns
+        state_at[d] = ns
+        i += 1
+    io[0], io[1], io[2] = _DONE, n, nr
+
+
+@njit(nogil=True, cache=True)
+def _check_kernel(core, flat, offsets, lengths, positions, starts, skips, stop_at_exits, out, ends, want_ends):  # pragma: no cover
+    """Token-major: run token ``positions[k]``'s bytes from ``skips[k]`` on, starting in
+    ``starts[k]``; out[k] = ALLOWED / DEAD / AT_EXIT. Returns 0 or a determinizer status."""
+    table = core.table
+    exits = core.exits
+    for k in range(positions.shape[0]):
+        pos = positions[k]
+        j = np.int64(skips[k])
+        s = np.int64(starts[k])
+        end = lengths[pos]
+        base = offsets[pos]
+        result = ALLOWED
+        while True:
+            if stop_at_exits and exits[s]:
+                result = AT_EXIT
+                break
+            if j >= end:
+                break
+            b = flat[base + j]
+            ns = table[s, b]
+            if ns == UNEXPANDED:
+                status = det.expand_row(core, s)
+                if status < 0:
+                    return status
+                table = core.table
+                exits = core.exits
+                ns = table[s, b]
+            if ns < 0:
+                result = DEAD
+                break
+            s = ns
+            j += 1
+        out[k] = result
+        if want_ends and result == ALLOWED:
+            ends[k] = s
+    return 0
+
+
+@njit("void(uint32[::1], int32[::1], boolean, int32[::1], int32[::1])", nogil=True, cache=True)
+def _copy_duplicates(bits, ends, want_ends, dup_src, dup_dst):  # pragma: no cover
+    """Tokens with the bytes of an allowed token are allowed too (with its end state)."""
+    for k in range(dup_src.shape[0]):
+        s, d = dup_src[k], dup_dst[k]
+        if (bits[s >> 5] >> np.uint32(s & 31)) & np.uint32(1):
+            bits[d >> 5] |= np.uint32(1) << np.uint32(d & 31)
+            if want_ends:
+                ends[d] = ends[s]
+
+
+@njit("void(uint32[::1], int32[::1])", nogil=True, cache=True)
+def set_token_bits(bits, ids):  # pragma: no cover
+    """bits |= the tokens ``ids`` (any integer dtype)."""
+    for k in range(ids.shape[0]):
+        t = ids[k]
+        bits[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+
+
+@njit("Tuple((int32[::1], int32[::1], int32[::1]))(int32[:, ::1])", nogil=True, cache=True)
+def range_positions(ranges):  # pragma: no cover
+    """Every position of the ranges' [first, end) runs, with each run's state and offset."""
+    total = 0
+    for r in range(ranges.shape[0]):
+        total += ranges[r, 1] - ranges[r, 0]
+    pos = np.empty(total, dtype=np.int32)
+    state = np.empty(total, dtype=np.int32)
+    offset = np.empty(total, dtype=np.int32)
+    k = 0
+    for r in range(ranges.shape[0]):
+        for p in range(ranges[r, 0], ranges[r, 1]):
+            pos[k], state[k], offset[k] = p, ranges[r, 2], ranges[r, 3]
+            k += 1
+    return pos, state, offset
+
+
+# ---------------------------------------------------------------------------------- drivers
+
+
+def walk_trie(
+    trie: TokenTrie, source: TransitionSource, state: int, *, end_states: bool = False, stop_at_exits: bool = False
+) -> TrieWalk:
+    """All tokens allowed from ``state`` (EOS excluded); see the module docstring. Tokens too long
+    for the trie are checked token-major (and, when stopping at exits, may be reported there)."""
+    bits = np.zeros(trie.width, dtype=np.uint32)
+    ends = np.full(trie.vocab_size, -1, dtype=np.int32) if end_states else _NO_INT32
+    ranges = np.empty((256, 4), dtype=np.int32) if stop_at_exits else _NO_RANGES
+    state_at = np.empty(MAX_TRIE_DEPTH + 1, dtype=np.int32)
+    state_at[0] = state
+    io = np.zeros(3, dtype=np.int64)
+    with source.lock:
+        while True:
+            _walk_kernel(source.core, trie.words, trie.first_pos, stop_at_exits, state_at, bits, ends, end_states, ranges, io)
+            if io[0] == _DONE:
+                break
+            if io[0] != _GROW:
+                source.check_status(int(io[0]))
+            ranges = np.concatenate([ranges, np.empty_like(ranges)])
+    exit_ranges = ranges[: int(io[2])] if stop_at_exits else None
+    if len(trie.long_pos):
+        exit_ranges = _walk_long_tokens(trie, source, state, bits, ends if end_states else None, exit_ranges)
+    add_duplicates(trie, bits, ends if end_states else None)
+    return TrieWalk(bits, ends if end_states else None, exit_ranges)
+
+
+def _walk_long_tokens(trie: TokenTrie, source, state: int, bits, ends, exit_ranges):
+    pos = trie.long_pos
+    outcome, end = check_tokens(trie, source, pos, np.full(len(pos), state, dtype=np.int32), None,
+                                stop_at_exits=exit_ranges is not None, end_states=ends is not None)
+    ok = outcome == ALLOWED
+    set_token_bits(bits, trie.sorted_ids[pos[ok]])
+    if ends is not None:
+        ends[trie.sorted_ids[pos[ok]]] = end[ok]
+    if exit_ranges is not None:
+        # Whole tokens, re-checked from the start: an exit range of one token at offset 0.
+        hit = pos[outcome == AT_EXIT]
+        extra = np.stack([hit, hit + 1, np.full(len(hit), state), np.zeros(len(hit))], axis=1).astype(np.int32)
+        exit_ranges = np.concatenate([exit_ranges, extra])
+    return exit_ranges
+
+
+def check_tokens(
+    trie: TokenTrie,
+    source: TransitionSource,
+    positions: np.ndarray,
+    starts: np.ndarray,
+    skips: np.ndarray | None = None,
+    *,
+    stop_at_exits: bool = False,
+    end_states: bool = False,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(outcome int8 per token: ALLOWED / DEAD / AT_EXIT, end state per token or None) of the
+    sorted tokens ``positions``, each run from byte ``skips[k]`` (default 0) in state ``starts[k]``."""
+    positions = np.ascontiguousarray(positions, dtype=np.int32)
+    n = len(positions)
+    starts = np.ascontiguousarray(starts, dtype=np.int32)
+    skips = np.zeros(n, dtype=np.int32) if skips is None else np.ascontiguousarray(skips, dtype=np.int32)
+    out = np.zeros(n, dtype=np.int8)
+    ends = np.full(n, -1, dtype=np.int32) if end_states else _NO_INT32
+    if n:
+        with source.lock:
+            status = _check_kernel(source.core, trie.flat, trie.sorted_offset, trie.sorted_len, positions, starts, skips,
+                                   stop_at_exits, out, ends, end_states)
+        source.check_status(int(status))
+    return out, (ends if end_states else None)
+
+
+def add_duplicates(trie: TokenTrie, bits: np.ndarray, ends: np.ndarray | None = None) -> None:
+    """Set the bits (and end states) of tokens whose bytes equal an allowed token's."""
+    if len(trie.dup_src):
+        _copy_duplicates(bits, _NO_INT32 if ends is None else ends, ends is not None, trie.dup_src, trie.dup_dst)

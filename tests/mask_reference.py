@@ -1,0 +1,48 @@
+"""The plain reference for every mask shortcut: each token's bytes stepped through the automaton.
+
+Token-major and vectorized over the whole vocabulary with numpy: no trie, no shortcut, no cache,
+no compiled kernel. A token is allowed iff every one of its bytes has a live transition.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grammar.bitmask import pack_bool_mask
+
+
+class ReferenceWalk:
+    """The vocabulary laid out token-major once; ``allowed(automaton, state)`` per state."""
+
+    def __init__(self, vocab) -> None:
+        ids = [i for i, t in enumerate(vocab.token_bytes) if t and i not in vocab.special_token_ids]
+        toks = [vocab.token_bytes[i] for i in ids]
+        self.vocab = vocab
+        self.ids = np.array(ids, dtype=np.int64)
+        self.lengths = np.array([len(t) for t in toks], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+        self.flat = np.frombuffer(b"".join(toks), dtype=np.uint8)
+        self.eos = np.array(sorted(vocab.eos_token_ids), dtype=np.int64)
+
+    def allowed(self, automaton, state: int) -> np.ndarray:
+        """bool [vocab]: tokens whose bytes all have live transitions from ``state`` (no EOS)."""
+        states = np.full(len(self.ids), state, dtype=np.int64)
+        alive = np.ones(len(self.ids), dtype=bool)
+        for pos in range(int(self.lengths.max())):
+            act = np.flatnonzero(alive & (self.lengths > pos))
+            if not len(act):
+                break
+            for s in np.unique(states[act]).tolist():
+                automaton.expand(s)
+            states[act] = automaton.table[states[act], self.flat[self.offsets[act] + pos]]
+            alive[act] = states[act] >= 0
+        out = np.zeros(self.vocab.vocab_size, dtype=bool)
+        out[self.ids[alive]] = True
+        return out
+
+    def row(self, automaton, state: int) -> np.ndarray:
+        """The packed int32 row the matcher must produce for ``state`` (EOS when accepting)."""
+        allowed = self.allowed(automaton, state)
+        if automaton.accepting[state]:
+            allowed[self.eos] = True
+        return pack_bool_mask(allowed)

@@ -1,0 +1,147 @@
+"""Masks of real vocabularies (SmolLM2, Qwen2) equal the plain reference walk at random states.
+
+Regex, JSON-schema and EBNF automata are walked with seeded random tokens; at every state the
+row the matcher gets (whatever route computed it: string-region split, truncated top frames, the
+trie walk) is compared bit for bit with ``mask_reference.ReferenceWalk``. The cross-grammar test
+builds a region split with one grammar and checks the masks another grammar gets from it.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from mask_reference import ReferenceWalk
+
+import grammar
+from grammar import GrammarMatcher
+from grammar.compiler import CompileBudget
+
+LAZY = CompileBudget(eager_mask_seconds=0)  # every row through the route, none precomputed
+
+CASES = {
+    "regex": ("regex", r"(ERROR|WARN|INFO) \[[a-z_.]{1,20}\] [^\n]{0,60}\n(id=[0-9a-f]{8}; )?done"),
+    "json_schema": ("json_schema", {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "code": {"type": "string", "maxLength": 6},
+            "size": {"type": "number"},
+            "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}},
+        },
+        "required": ["name"],
+        "additionalProperties": {"type": "integer"},
+    }),
+    "ebnf": ("ebnf", 'root ::= list\nlist ::= "[" (value ("," value)*)? "]"\n'
+                     'value ::= list | [0-9] [0-9]? | "\\"" ([^"\\\\] | "\\\\" ["\\\\n])* "\\""'),
+}
+
+_refs: dict[str, ReferenceWalk] = {}
+
+
+def _reference(vocab) -> ReferenceWalk:
+    if vocab.fingerprint not in _refs:
+        _refs[vocab.fingerprint] = ReferenceWalk(vocab)
+    return _refs[vocab.fingerprint]
+
+
+def _compile(kind, source, vocab):
+    grammar.clear_cache()
+    if kind == "regex":
+        return grammar.compile_regex(source, vocab, budget=LAZY)
+    if kind == "json_schema":
+        return grammar.compile_json_schema(source, vocab, budget=LAZY)
+    return grammar.compile_ebnf(source, vocab, budget=LAZY)
+
+
+# Bytes the walks lean towards, so they leave strings and go deep into the structure.
+LEAN = {"regex": b" ]\n;=abc", "json_schema": b'",:{}[]abc1 ', "ebnf": b'[[[,1'}
+
+
+def _pick(vocab, choices: list[int], rng: random.Random, lean: bytes) -> int:
+    """Random allowed tokens, most of the time one made of ``lean`` bytes only."""
+    structural = [t for t in choices if all(b in lean for b in vocab.token_bytes[t])]
+    return rng.choice(structural if structural and rng.random() < 0.8 else choices)
+
+
+def _check_walks(compiled, vocab, seed: int, walks: int, steps: int, lean: bytes = b"") -> int:
+    ref = _reference(vocab)
+    rng = random.Random(seed)
+    checked = 0
+    for _ in range(walks):
+        m = GrammarMatcher(compiled)
+        for step in range(steps):
+            state = m.state
+            expected = ref.row(compiled.automaton, state)
+            got = compiled.token_mask(state)
+            assert np.array_equal(got, expected), f"state {state} (step {step}): words {np.flatnonzero(got != expected)[:8]}"
+            checked += 1
+            choices = [t for t in np.flatnonzero(ref.allowed(compiled.automaton, state))]
+            if not choices:
+                break
+            assert m.accept_token(_pick(vocab, choices, rng, lean))
+    return checked
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_smollm2_masks_equal_reference(smollm2_vocab, case):
+    kind, source = CASES[case]
+    compiled = _compile(kind, source, smollm2_vocab)
+    assert _check_walks(compiled, smollm2_vocab, seed=7, walks=4, steps=25, lean=LEAN[case]) > 30
+    _assert_routes(case, compiled.masks.routes)
+
+
+def _assert_routes(case: str, routes) -> None:
+    """The routes each case is there to exercise did run."""
+    assert routes["walk"] >= 5, routes
+    if case != "regex":  # the regex's free text is counted ({0,60}), never a looping region
+        assert routes["region"] >= 1, routes
+    if case == "ebnf":
+        assert routes["truncated"] >= 1, routes
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_qwen2_masks_equal_reference(qwen2_vocab, case):
+    kind, source = CASES[case]
+    compiled = _compile(kind, source, qwen2_vocab)
+    assert _check_walks(compiled, qwen2_vocab, seed=11, walks=3, steps=25, lean=LEAN[case]) > 20
+    _assert_routes(case, compiled.masks.routes)
+
+
+def test_masks_through_another_grammars_region_split(qwen2_vocab):
+    """A JSON string's split, built while masking one schema, serves a different schema (and a
+    regex with the same string shape); the masks it yields there equal the reference."""
+    vocab = qwen2_vocab
+    first = _compile("json_schema", {"type": "object", "properties": {"a": {"type": "string"}}}, vocab)
+    m = GrammarMatcher(first)
+    assert m.accept_bytes('{"a": "')
+    first.token_mask(m.state)
+    splits = first.vocabulary_masks.splits
+    hits, size = splits.hits, len(splits)
+    second = _compile("json_schema", {"type": "array", "items": {"type": "string"}, "minItems": 1}, vocab)
+    m2 = GrammarMatcher(second)
+    assert m2.accept_bytes('["x", "')
+    row = second.token_mask(m2.state)
+    assert second.masks.routes["region"] == 1, second.masks.routes
+    assert splits.hits > hits and len(splits) == size, "the split must come from the first grammar's walk"
+    assert np.array_equal(row, _reference(vocab).row(second.automaton, m2.state))
+    # Deeper into the string (after a multi-byte character and an escape) too.
+    for text in ("é", "\\n", "日本", "abc"):
+        assert m2.accept_bytes(text)
+        assert np.array_equal(second.token_mask(m2.state), _reference(vocab).row(second.automaton, m2.state)), text
+
+
+def test_end_states_of_budget_masks_equal_stepping_each_token(smollm2_vocab):
+    """The walk that records each allowed token's end state (budget-aware masks) agrees with
+    stepping the token's bytes through the automaton."""
+    vocab = smollm2_vocab
+    kind, source = CASES["json_schema"]
+    compiled = _compile(kind, source, vocab)
+    m = GrammarMatcher(compiled)
+    assert m.accept_bytes('{"name": "ab')
+    for state in (compiled.initial_state, m.state):
+        ids, ends = compiled.masks.allowed_with_end_states(state)
+        assert np.array_equal(np.sort(ids), np.flatnonzero(_reference(vocab).allowed(compiled.automaton, state)))
+        for token, end in list(zip(ids.tolist(), ends.tolist()))[::17]:
+            assert compiled.automaton.step_bytes(state, vocab.token_bytes[token]) == end
