@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model_executor.forward_batch import CaptureHiddenMode, ForwardBatch
+from .cpu_linear import linear
 
 
 @dataclass
@@ -24,7 +25,7 @@ class LogitsProcessorOutput:
 def compute_logits(hidden: torch.Tensor, lm_head: torch.Tensor, batch: ForwardBatch) -> LogitsProcessorOutput:
     idx = batch.logit_indices()
     picked = hidden if idx is None else hidden.index_select(0, idx)
-    logits = F.linear(picked, lm_head).float()
+    logits = linear(picked, lm_head).float()
     out = LogitsProcessorOutput(logits)
     if any(batch.return_input_logprob):
         out.input_token_logprobs = _input_logprobs(hidden, lm_head, batch)

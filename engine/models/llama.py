@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers.cpu_linear import linear
 from ..layers.layernorm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
@@ -51,13 +52,13 @@ class LlamaAttention(nn.Module):
         batch: ForwardBatch,
     ) -> torch.Tensor:
         tokens = hidden.shape[0]
-        qkv = F.linear(hidden, self.qkv_proj, self.qkv_bias)
+        qkv = linear(hidden, self.qkv_proj, self.qkv_bias)
         qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         # q and k heads rotate together: one rotary application instead of two.
         qk = rotary.apply(qk.view(tokens, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         out = attn.forward(q, k, v.view(tokens, self.num_kv_heads, self.head_dim), self.layer_id, batch)
-        return F.linear(out.view(tokens, self.q_size), self.o_proj, self.o_bias)
+        return linear(out.view(tokens, self.q_size), self.o_proj, self.o_bias)
 
 
 class LlamaMLP(nn.Module):
@@ -70,9 +71,9 @@ class LlamaMLP(nn.Module):
         self.down_bias = _weight(cfg.hidden_size) if cfg.mlp_bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = F.linear(x, self.gate_up_proj, self.gate_up_bias)
+        gate_up = linear(x, self.gate_up_proj, self.gate_up_bias)
         gate, up = gate_up.split(self.intermediate, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_proj, self.down_bias)
+        return linear(F.silu(gate) * up, self.down_proj, self.down_bias)
 
 
 class LlamaDecoderLayer(nn.Module):
