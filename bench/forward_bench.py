@@ -225,6 +225,8 @@ def main() -> None:
             ours = formcast_run(runner, prompts, args.steps)
             theirs = hf_run(hf, prompts, args.steps, pad_id=0) if hf is not None else (float("nan"), float("nan"))
             rows.append((dtype, batch, sum(map(len, prompts)) // batch, ours, theirs, bound_ms))
+            print(f"  batch {batch}: formcast prefill {ours[0]:,.0f} tok/s, decode {ours[1]:.1f} ms/step; "
+                  f"transformers prefill {theirs[0]:,.0f} tok/s, decode {theirs[1]:.1f} ms/step", flush=True)
             if batch == 1:
                 b1[dtype] = (ours[1], theirs[1], bound_ms)
         del hf

@@ -155,10 +155,10 @@ def test_failures_are_result_lines_with_clear_messages(tmp_path):
         assert too_long.type == FailureType.PROMPT_TOO_LONG and "the context holds 512" in too_long.message
         assert got["no-text"].error.message == "line 3: field 'text' must be a string; it is missing"
 
-        refused = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+        refused = {"type": "string", "pattern": "(a)\\1"}  # a backreference: not regular
         out = list(engine.extract(records, refused, max_new_tokens=24))
         assert len(out) == 4 and all(r.error.type == FailureType.REFUSED_CONSTRAINT for r in out)
-        assert all("uniqueItems" in r.error.message and r.completion_tokens == 0 for r in out)
+        assert all("backreference" in r.error.message and r.completion_tokens == 0 for r in out)
 
         short = list(engine.extract(records[:1], SCHEMA, prompt_template=TEMPLATE, max_new_tokens=3))
         assert short[0].error.type == FailureType.INCOMPLETE and short[0].completion_tokens == 3

@@ -19,7 +19,9 @@ Measured on the 2-core AMD EPYC box (one run, another job on the machine), ms pe
 | 14 MB bfloat16 | 8 / 64 / 256 | 8.5 / 67 / 272 | 2.9 / 21 / 90 |
 
 So float32 uses the loop up to ``MAX_ROWS_F32`` rows (beyond, torch's blocked GEMM has the reuse
-to win), and bfloat16 always.
+to win); bfloat16 too, and beyond that the weights are widened to float32 for torch's GEMM (a
+prefill chunk spends far longer multiplying than widening: 269 MB of SmolLM2 weights widen in
+tens of ms, its 512-token chunk takes seconds).
 """
 
 from __future__ import annotations
@@ -72,9 +74,8 @@ if njit is not None:
 
 def uses_compiled_loop(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
-        njit is not None and x.device.type == "cpu" and x.dim() == 2 and x.shape[0] > 0
-        and (weight.dtype == torch.bfloat16 or (weight.dtype == torch.float32 and x.shape[0] <= MAX_ROWS_F32))
-        and weight.is_contiguous() and not torch.is_grad_enabled()
+        njit is not None and x.device.type == "cpu" and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS_F32
+        and weight.dtype in (torch.float32, torch.bfloat16) and weight.is_contiguous() and not torch.is_grad_enabled()
     )  # fmt: skip
 
 
@@ -82,6 +83,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``F.linear(x, weight, bias)``, through the compiled loop where it is faster (float32
     accumulation; the result in ``x``'s dtype)."""
     if not uses_compiled_loop(x, weight):
+        if weight.dtype == torch.bfloat16 and x.device.type == "cpu" and not torch.is_grad_enabled():
+            wide_bias = None if bias is None else bias.float()
+            return F.linear(x.float(), weight.float(), wide_bias).to(x.dtype)
         return F.linear(x, weight, bias)
     x32 = x.float().contiguous()
     out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
