@@ -68,7 +68,11 @@ def _outcome(row: dict, vocab: TokenVocabulary) -> str:
 
 
 @pytest.mark.skipif(not DEV.exists(), reason="MaskBench dev split not present (../shared)")
-def test_maskbench_sample_ratchet():
+def test_maskbench_sample_ratchet(monkeypatch):
+    # The lowering's wall-clock budget (10 s) is for servers; on a loaded CI box a schema that
+    # lowers in 7 s quietly can cross it. The ratchet judges correctness, so it gives the lowering
+    # the per-schema alarm's room instead.
+    monkeypatch.setattr("grammar.json_schema.denote.MAX_SECONDS", PER_SCHEMA_S - 5.0)
     vocab = TokenVocabulary.byte_level()
     rows = _sample()
     assert len(rows) >= 150
