@@ -20,7 +20,7 @@ import numpy as np
 
 from . import ir
 from .errors import GrammarBudgetError
-from .rule_graph import RuleGraph
+from .rule_graph import RuleGraph, children
 
 # A non-recursive rule referenced once is copied into its caller up to this many states.
 INLINE_MAX_STATES = 300
@@ -370,15 +370,9 @@ class _Builder:
         return memo[id(e)]
 
     def _size_deps(self, e: ir.Expr) -> tuple[ir.Expr, ...]:
-        if isinstance(e, (ir.Seq, ir.Choice)):
-            return e.items
-        if isinstance(e, ir.Repeat):
-            return (e.item,)
-        if isinstance(e, ir.Graph):
-            return tuple(x for _, x, _ in e.edges)
-        if isinstance(e, ir.Ref) and e.name not in self.recursive:
-            return (self.grammar.rules[e.name],)
-        return ()
+        if isinstance(e, ir.Ref):
+            return () if e.name in self.recursive else (self.grammar.rules[e.name],)
+        return children(e)
 
     def _size_of(self, e: ir.Expr) -> int:
         memo = self._size_memo

@@ -81,7 +81,7 @@ class RuleGraph:
         return seen
 
 
-def _children(e: ir.Expr) -> tuple[ir.Expr, ...]:
+def children(e: ir.Expr) -> tuple[ir.Expr, ...]:
     if isinstance(e, (ir.Seq, ir.Choice)):
         return e.items
     if isinstance(e, ir.Repeat):
@@ -123,17 +123,17 @@ def _scan(grammar: ir.Grammar) -> tuple[dict[str, frozenset[str]], set[int], dic
                 node_refs[key] = frozenset((e.name,))
                 keep_alive.append(e)
                 continue
-            children = _children(e)
-            if not children:
+            kids = children(e)
+            if not kids:
                 node_refs[key] = _NO_REFS
                 keep_alive.append(e)
                 continue
             if not done:
                 stack.append((e, True))
-                stack.extend((c, False) for c in children if id(c) not in node_refs)
+                stack.extend((c, False) for c in kids if id(c) not in node_refs)
                 continue
             found = _NO_REFS
-            for child in children:
+            for child in kids:
                 refs = node_refs[id(child)]
                 if refs:
                     found = found | refs
@@ -229,10 +229,10 @@ def _nullable(expr: ir.Expr, nullable_rules: set[str], memo: dict[int, bool]) ->
         e, done = stack.pop()
         if id(e) in memo:
             continue
-        children = _children(e)
-        if children and not done:
+        kids = children(e)
+        if kids and not done:
             stack.append((e, True))
-            stack.extend((c, False) for c in children if id(c) not in memo)
+            stack.extend((c, False) for c in kids if id(c) not in memo)
             continue
         if isinstance(e, ir.Empty):
             value = True
