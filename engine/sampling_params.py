@@ -60,6 +60,9 @@ class SamplingParams:
     regex: str | None = None
     ebnf: str | None = None
     structural_tag: str | dict[str, Any] | None = None
+    # Seconds the grammar compiler may spend on this request's constraint; capped by the engine's
+    # budget (EngineArgs.grammar_compile_timeout), so a client can ask for less, never more.
+    grammar_compile_timeout: float | None = None
     sampling_seed: int | None = None
     logprobs: bool = False
     top_logprobs_num: int = 0
@@ -155,6 +158,8 @@ class SamplingParams:
                 raise InvalidSamplingParams(name, f"must be a string, got {type(value).__name__}")
         if self.structural_tag is not None and not isinstance(self.structural_tag, (str, dict)):
             raise InvalidSamplingParams("structural_tag", "must be a JSON string or an object")
+        if self.grammar_compile_timeout is not None:
+            _check_number("grammar_compile_timeout", self.grammar_compile_timeout, lo=0.0, lo_open=True, desc="> 0 seconds")
 
     def _verify_logprobs(self, vocab_size: int | None) -> None:
         if not _is_int(self.top_logprobs_num) or self.top_logprobs_num < 0:
@@ -210,6 +215,7 @@ _DIRECT_FIELDS = {
     "ebnf": "ebnf",
     "json_schema": "json_schema",
     "structural_tag": "structural_tag",
+    "grammar_compile_timeout": "grammar_compile_timeout",
     "return_hidden_states": "return_hidden_states",
 }
 

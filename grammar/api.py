@@ -12,8 +12,9 @@ from collections import OrderedDict
 from typing import Any, Callable, Iterable
 
 from . import ir
-from .compiler import CompileBudget, CompiledGrammar, compile_grammar  # noqa: F401 (re-exported)
-from .errors import GrammarError
+from .budget import CompileBudget, check_document_depth, compile_deadline
+from .compiler import CompiledGrammar, compile_grammar  # noqa: F401 (re-exported)
+from .errors import GrammarBudgetError, GrammarError
 from .vocab import TokenVocabulary
 
 _CACHE: OrderedDict[tuple, CompiledGrammar] = OrderedDict()
@@ -30,13 +31,27 @@ def clear_cache() -> None:
 def _compile(
     kind: str, source: str, options: tuple, make_ir: Callable[[], ir.Grammar], vocab: TokenVocabulary, budget: CompileBudget | None
 ) -> CompiledGrammar:
+    budget = budget or CompileBudget()
     key = (kind, source, options, budget, vocab.fingerprint)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
-    compiled = CompiledGrammar(make_ir(), vocab, budget, kind=kind, source=source)
+    stage = f"reading the {kind.replace('_', ' ')}"
+    try:
+        with compile_deadline(budget.max_compile_seconds, budget.max_nesting_depth):
+            grammar = make_ir()
+            stage = "building the automaton"
+            compiled = CompiledGrammar(grammar, vocab, budget, kind=kind, source=source)
+    except RecursionError:
+        # The explicit depth budgets catch what real constraints nest; this is the backstop for
+        # a shape they do not measure, so no RecursionError reaches a caller.
+        raise GrammarBudgetError(f"constraint nests too deeply to compile (Python's recursion limit hit while {stage})") from None
+    except MemoryError:
+        raise GrammarBudgetError(f"constraint too large to compile (out of memory while {stage})") from None
+    except OverflowError as exc:
+        raise GrammarBudgetError(f"constraint has a number too large to compile ({exc}, while {stage})") from None
     with _CACHE_LOCK:
         _CACHE[key] = compiled
         while len(_CACHE) > CACHE_SIZE:
@@ -69,8 +84,19 @@ def compile_json_schema(
     """A grammar accepting JSON documents valid against ``schema`` (see ``json_schema``)."""
     from .json_schema import json_schema_to_grammar
 
+    limit = (budget or CompileBudget()).max_nesting_depth
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except RecursionError:
+            raise GrammarBudgetError(f"the schema document nests deeper than {limit} levels (CompileBudget.max_nesting_depth)") from None
+        except json.JSONDecodeError as exc:
+            from .errors import SchemaError
+
+            raise SchemaError(f"schema is not valid JSON: {exc}") from None
+    check_document_depth(schema, "the schema document", limit)
     # Key order matters (properties are emitted in their listed order): never sort keys here.
-    source = schema if isinstance(schema, str) else json.dumps(schema)
+    source = json.dumps(schema)
     options: dict[str, Any] = dict(whitespace=whitespace, strict_properties=strict_properties, relax_keywords=tuple(sorted(relax_keywords)))
     if max_whitespace is not None:
         options["max_whitespace"] = max_whitespace

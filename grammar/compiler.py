@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
-
 import numpy as np
 
 from . import ir
 from .automaton import DEAD, AutomatonBudget, LazyAutomaton
+from .budget import CompileBudget, check_deadline, compile_deadline
 from .bitmask import bitmask_width, pack_bool_mask
 from .completion import CompletionDistance
 from .fsm import build_nfa
@@ -32,21 +31,6 @@ from .vocab import TokenVocabulary
 EAGER_MAX_NFA_STATES = 1500
 # Budget-aware masks look this many tokens ahead; a larger remaining budget counts as unlimited.
 BUDGET_HORIZON = 512
-
-
-@dataclass(frozen=True)
-class CompileBudget:
-    """Limits that hostile constraints hit instead of the machine's memory or a caller's patience."""
-
-    max_nfa_states: int = 2_000_000
-    max_compile_seconds: float = 20.0
-    # Time spent at compile time computing masks of the states nearest the start (0: all lazy).
-    # Off by default: with the compiled walk a cold mask costs less than the precompute adds to
-    # time to first mask (BENCHMARKS.md, issue 10: regexes and MaskBench, TTFM + walk time).
-    eager_mask_seconds: float = 0.0
-    max_automaton_states: int = 250_000
-    max_stack_depth: int = 50_000
-    max_mask_cache_bytes: int = 64 << 20
 
 
 class CompiledGrammar:
@@ -66,7 +50,9 @@ class CompiledGrammar:
         self.vocab = vocab
         self.kind = kind
         self.source = source
-        self.nfa = build_nfa(grammar, self.budget.max_nfa_states, self.budget.max_compile_seconds)
+        with compile_deadline(self.budget.max_compile_seconds, self.budget.max_nesting_depth):
+            self.nfa = build_nfa(grammar, self.budget.max_nfa_states)
+            check_deadline("building the automaton")
         self.automaton = LazyAutomaton(
             self.nfa,
             AutomatonBudget(max_states=self.budget.max_automaton_states, max_stack_depth=self.budget.max_stack_depth),

@@ -28,9 +28,13 @@ and indirect through other rules; left recursion that remains (through a nullabl
 
 from __future__ import annotations
 
+import bisect
+import re
 from dataclasses import dataclass
 
 from . import ir
+from .budget import check_deadline
+from .trie_choice import trie_choice
 from .errors import GrammarSyntaxError, UnsupportedFeatureError
 
 _NAME_START = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
@@ -63,12 +67,15 @@ class _Parser:
         self.ref_pos: list[tuple[str, str, SourcePos]] = []  # (referenced, in rule, where)
         self.lookaheads: dict[str, tuple[ir.Expr, SourcePos]] = {}
         self.current = ""
+        self._line_starts: list[int] | None = None
 
     # -- positions and errors
     def where(self, pos: int | None = None) -> SourcePos:
         p = self.pos if pos is None else pos
-        line = self.text.count("\n", 0, p) + 1
-        return SourcePos(line, p - (self.text.rfind("\n", 0, p) + 1) + 1)
+        if self._line_starts is None:  # found once: counting newlines per lookup is quadratic
+            self._line_starts = [0] + [m.end() for m in re.finditer("\n", self.text)]
+        line = bisect.bisect_right(self._line_starts, p)
+        return SourcePos(line, p - self._line_starts[line - 1] + 1)
 
     def error(self, message: str, pos: int | None = None) -> GrammarSyntaxError:
         w = self.where(pos)
@@ -114,6 +121,8 @@ class _Parser:
     def parse(self) -> None:
         self.skip_space()
         while self.pos < len(self.text):
+            if len(self.rules) & 255 == 0:
+                check_deadline("parsing the EBNF grammar")
             self.parse_rule()
             self.skip_space()
 
@@ -142,8 +151,9 @@ class _Parser:
                 break
             self.pos += 1
             alts.append(self.parse_seq(top))
-        # A Choice whose items begin with Ref(rule) is how eliminate_left_recursion spots `A ::= A x | b`.
-        return ir.choice(*alts)
+        # A Choice whose items begin with Ref(rule) is how eliminate_left_recursion spots `A ::= A x | b`
+        # (trie_choice folds only ref-free alternatives, so those stay as they are).
+        return trie_choice(*alts)
 
     def parse_seq(self, top: bool) -> ir.Expr:
         items: list[ir.Expr] = []

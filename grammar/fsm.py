@@ -13,12 +13,12 @@ position is one contiguous byte range), so the automaton only ever sees bytes.
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import ir
+from .budget import check_deadline
 from .errors import GrammarBudgetError
 from .rule_graph import RuleGraph, children
 
@@ -142,10 +142,9 @@ def _split_same_length(lo: int, hi: int, out: list[list[tuple[int, int]]]) -> No
 
 
 class _Builder:
-    def __init__(self, grammar: ir.Grammar, max_states: int, deadline: float | None = None) -> None:
+    def __init__(self, grammar: ir.Grammar, max_states: int) -> None:
         self.grammar = grammar
         self.max_states = max_states
-        self.deadline = deadline
         self.nfa = ByteNFA()
         self.rule_index: dict[str, int] = {}
         graph = RuleGraph.of(grammar)  # validates references, refuses left recursion
@@ -169,8 +168,8 @@ class _Builder:
             raise GrammarBudgetError(
                 f"grammar needs more than {self.max_states} automaton states (raise CompileBudget.max_nfa_states)"
             )
-        if n & 4095 == 0 and self.deadline is not None and time.monotonic() > self.deadline:
-            raise GrammarBudgetError("grammar compilation ran past its time budget (CompileBudget.max_compile_seconds)")
+        if n & 4095 == 0:
+            check_deadline("building the automaton")
         nfa.eps.append([])
         nfa.byte_edges.append([])
         nfa.calls.append([])
@@ -234,13 +233,34 @@ class _Builder:
         pass
 
     def _literal(self, e: ir.Literal, s: int, t: int, work: list) -> None:
-        edges = self.nfa.byte_edges
-        cur = s
-        last = len(e.data) - 1
-        for i, byte in enumerate(e.data):
-            nxt = t if i == last else self.new_state()
-            edges[cur].append((byte, byte, nxt))
-            cur = nxt
+        data = e.data
+        if len(data) == 1:
+            self.nfa.byte_edges[s].append((data[0], data[0], t))
+            return
+        # A chain of len-1 fresh states, allocated at once (long literals and tries are most of
+        # a huge constraint's states).
+        first = self._new_chain(len(data) - 1)
+        nfa = self.nfa
+        nfa.byte_edges[s].append((data[0], data[0], first))
+        inner = data[1:-1]
+        nfa.byte_edges[first : first + len(inner)] = [[(b, b, first + i + 1)] for i, b in enumerate(inner)]
+        nfa.byte_edges[first + len(inner)].append((data[-1], data[-1], t))
+
+    def _new_chain(self, count: int) -> int:
+        """``count`` fresh states with consecutive numbers; returns the first."""
+        nfa = self.nfa
+        n = len(nfa.eps)
+        if n + count > self.max_states:
+            raise GrammarBudgetError(
+                f"grammar needs more than {self.max_states} automaton states (raise CompileBudget.max_nfa_states)"
+            )
+        if (n + count) >> 12 != n >> 12:
+            check_deadline("building the automaton")
+        nfa.eps.extend([] for _ in range(count))
+        nfa.byte_edges.extend([] for _ in range(count))
+        nfa.calls.extend([] for _ in range(count))
+        nfa.final_rule.extend([-1] * count)
+        return n
 
     def _byte_class(self, e: ir.ByteClass, s: int, t: int, work: list) -> None:
         self.nfa.byte_edges[s].extend((lo, hi, t) for lo, hi in e.ranges)
@@ -376,18 +396,28 @@ class _Builder:
 
     def _size_of(self, e: ir.Expr) -> int:
         memo = self._size_memo
+
+        def cost(child: ir.Expr) -> int:
+            # A big child that occurs more than once is built once and called: one edge here
+            # (counting it in full makes nested arrays, whose item occurs twice, look exponential).
+            size = memo[id(child)]
+            return 1 if size >= SHARE_MIN_STATES and id(child) in self.repeated else size
+
         if isinstance(e, ir.Literal):
             return len(e.data)
         if isinstance(e, ir.CharClass):
-            return 1 + 2 * len(e.ranges)
+            # One state per UTF-8 byte of each byte-range sequence (an upper bound: tails are
+            # shared); "any character" is about a dozen, enough to be built once and called
+            # when repeated thousands of times ([\s\S]{100000}).
+            return 1 + sum(len(seq) - 1 for seq in class_byte_sequences(e.ranges))
         if isinstance(e, (ir.Seq, ir.Choice)):
-            return 1 + sum(memo[id(i)] for i in e.items)
+            return 1 + sum(cost(i) for i in e.items)
         if isinstance(e, ir.Repeat):
             copies = max(e.min if e.max is None else e.max, 1)
             item = memo[id(e.item)]
-            return 1 + (2 if copies > 1 and item >= SHARE_MIN_STATES else item) * copies
+            return 1 + (2 if copies > 1 and item >= SHARE_MIN_STATES else cost(e.item)) * copies
         if isinstance(e, ir.Graph):
-            return 1 + len(e.edges) + sum(memo[id(x)] for _, x, _ in e.edges)
+            return 1 + len(e.edges) + sum(cost(x) for _, x, _ in e.edges)
         if isinstance(e, ir.Ref):
             return memo[id(self.grammar.rules[e.name])] if self._should_inline(e.name) else 1
         return 1
@@ -404,11 +434,10 @@ class _Builder:
         return ok
 
 
-def build_nfa(grammar: ir.Grammar, max_states: int = 2_000_000, max_seconds: float | None = None) -> ByteNFA:
+def build_nfa(grammar: ir.Grammar, max_states: int = 2_000_000) -> ByteNFA:
     """Compile ``grammar`` into a :class:`ByteNFA` (raising GrammarBudgetError past ``max_states``
-    states or ``max_seconds`` seconds)."""
-    deadline = None if max_seconds is None else time.monotonic() + max_seconds
-    builder = _Builder(grammar, max_states, deadline)
+    states or past the current compile deadline, see ``budget``)."""
+    builder = _Builder(grammar, max_states)
     builder.nfa.root_rule = builder.rule(grammar.root)
     builder.build_pending()
     builder.nfa.recursive = bool(builder.recursive)

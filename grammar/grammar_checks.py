@@ -17,7 +17,9 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 from . import ir
+from .budget import check_deadline
 from .errors import GrammarSyntaxError
+from .rule_graph import strongly_connected_components
 
 
 class _Pos(Protocol):
@@ -130,20 +132,11 @@ def _rewrite_direct(name: str, body: ir.Expr) -> ir.Expr:
 
 
 def _cyclic_rules(rules: dict[str, ir.Expr]) -> list[str]:
-    """Rules on a cycle of syntactic left corners (first items of their alternatives)."""
-    graph = {n: _leading_refs(b) & rules.keys() for n, b in rules.items()}
-    out = []
-    for name in rules:
-        seen, todo = set(), list(graph[name])
-        while todo:
-            cur = todo.pop()
-            if cur == name:
-                out.append(name)
-                break
-            if cur not in seen:
-                seen.add(cur)
-                todo.extend(graph[cur])
-    return out
+    """Rules on a cycle of syntactic left corners (first items of their alternatives), in
+    definition order."""
+    graph = {n: frozenset(_leading_refs(b) & rules.keys()) for n, b in rules.items()}
+    cyclic = {n for c in strongly_connected_components(graph) if len(c) > 1 or c[0] in graph[c[0]] for n in c}
+    return [name for name in rules if name in cyclic]
 
 
 def eliminate_left_recursion(grammar: ir.Grammar, limit: int = 64) -> ir.Grammar:
@@ -193,15 +186,30 @@ def prune_unreachable(grammar: ir.Grammar) -> ir.Grammar:
 
 
 def _fixpoint(grammar: ir.Grammar, test: Callable[[ir.Expr, set[str]], bool]) -> set[str]:
-    """The least set S of rule names with ``test(body, S)`` for each member."""
+    """The least set S of rule names with ``test(body, S)`` for each member. A work list re-tests
+    only the users of a rule just added: one pass per rule of a chain, not one per link."""
+    users: dict[str, list[str]] = {name: [] for name in grammar.rules}
+    for name, body in grammar.rules.items():
+        for ref in set(ir.iter_refs(body)):
+            if ref in users:
+                users[ref].append(name)
     found: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for name, body in grammar.rules.items():
-            if name not in found and test(body, found):
-                found.add(name)
-                changed = True
+    todo = list(grammar.rules)
+    queued = set(todo)
+    steps = 0
+    while todo:
+        name = todo.pop()
+        queued.discard(name)
+        steps += 1
+        if steps & 1023 == 0:
+            check_deadline("checking the grammar's rules")
+        if name in found or not test(grammar.rules[name], found):
+            continue
+        found.add(name)
+        for user in users[name]:
+            if user not in found and user not in queued:
+                queued.add(user)
+                todo.append(user)
     return found
 
 
@@ -265,19 +273,14 @@ def check_grammar(grammar: ir.Grammar, positions: dict[str, _Pos] | None = None)
     if grammar.root not in prod:
         raise _error(f"the grammar's language is empty: rule {grammar.root!r} can never complete", positions.get(grammar.root))
     nul = _fixpoint(grammar, nullable)
-    graph = {name: left_corners(body, nul) for name, body in grammar.rules.items()}
-    for name in grammar.rules:
-        # Depth-first search from `name` over left corners; reaching `name` again is left recursion.
-        seen: set[str] = set()
-        todo = list(graph[name])
-        while todo:
-            cur = todo.pop()
-            if cur == name:
-                raise _error(
-                    f"rule {name!r} is left-recursive (it can reach itself without consuming input); "
-                    "left recursion through a nullable prefix (A ::= B A x with B able to match nothing) cannot be rewritten",
-                    positions.get(name),
-                )
-            if cur not in seen:
-                seen.add(cur)
-                todo.extend(graph.get(cur, ()))
+    corners = {name: frozenset(left_corners(body, nul)) for name, body in grammar.rules.items()}
+    # Left recursion is a cycle of the left-corner graph: one pass over its strongly connected
+    # components (a search per rule is quadratic on long rule chains).
+    cyclic = {n for c in strongly_connected_components(corners) if len(c) > 1 or c[0] in corners[c[0]] for n in c}
+    for name in grammar.rules:  # the first such rule as written
+        if name in cyclic:
+            raise _error(
+                f"rule {name!r} is left-recursive (it can reach itself without consuming input); "
+                "left recursion through a nullable prefix (A ::= B A x with B able to match nothing) cannot be rewritten",
+                positions.get(name),
+            )

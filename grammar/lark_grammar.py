@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from . import ir
 from .ebnf import finish_grammar
-from .errors import GrammarSyntaxError, UnsupportedFeatureError
+from .errors import GrammarBudgetError, GrammarSyntaxError, UnsupportedFeatureError
 
 IGNORE_RULE = "__formcast_ignore"
 _TERMINAL_PREFIX = "__T_"  # Lark rule names are lowercase, terminals uppercase: keep them apart anyway
@@ -47,6 +47,8 @@ def _load(text: str, start: str):
     except (lark.exceptions.GrammarError, lark.exceptions.LarkError, KeyError) as exc:
         line, column = _position_of(str(exc))
         raise GrammarSyntaxError(f"Lark grammar error: {str(exc).strip().splitlines()[0]}", line, column) from None
+    except RecursionError:  # Lark's loader recurses once per nested group
+        raise GrammarBudgetError("Lark grammar nests its groups deeper than Lark's grammar loader can read (Python's recursion limit)") from None
 
 
 def _position_of(message: str) -> tuple[int | None, int | None]:

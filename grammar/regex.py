@@ -39,11 +39,17 @@ so the JSON Schema front end can rewrite characters into JSON string escapes.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from dataclasses import dataclass, field, replace
 from typing import Literal as _Lit
 
 from . import ir
+from .budget import check_deadline
+from .trie_choice import trie_choice
+
+# Characters that stand for themselves in every flavor (no syntax, no surrogates).
+_PLAIN_RUN = re.compile(r"[^\\^$.|?*+()\[\]{}\ud800-\udfff]+")
 from .charsets import ECMA_CLASSES, ECMA_LINE_TERMINATORS, PY_CLASSES, Ranges, ascii_fold, unicode_property
 from .errors import GrammarBudgetError, RegexSyntaxError, UnsupportedFeatureError
 from .ir import Expr
@@ -153,7 +159,11 @@ class _Parser:
     # ------------------------------------------------------------------ main loop
 
     def parse(self) -> Expr:
+        steps = 0
         while self.i < self.n:
+            steps += 1
+            if steps & 4095 == 0:
+                check_deadline("parsing the regex")
             c = self.p[self.i]
             if self.py and self.flags.verbose and c in _VERBOSE_WS + "#":
                 self.skip_verbose(c)
@@ -181,8 +191,7 @@ class _Parser:
                 self.anchor("start" if c == "^" else "end", mode, self.i)
                 self.i += 1
             else:
-                self.add(self.char(ord(c)), self.i)
-                self.i += 1
+                self.plain_text()
         if len(self.stack) > 1:
             raise self.syntax("missing ), unterminated subpattern", self.stack[-1].pos)
         top = self.stack[0]
@@ -192,6 +201,22 @@ class _Parser:
 
             expr = char_dfa.to_ir(char_dfa.from_ir(expr))
         return expr
+
+    def plain_text(self) -> None:
+        """A run of ordinary characters as one literal (a 1 MB literal pattern would otherwise be a
+        million items); a quantifier after the run binds to its last character only."""
+        end = self.i + 1
+        run = _PLAIN_RUN.match(self.p, self.i)
+        if run is not None and not self.flags.ignore_case and not (self.py and self.flags.verbose):
+            end = run.end()
+            if end < self.n and self.p[end] in "*+?{":
+                end -= 1
+        if end - self.i < 2:
+            self.add(self.char(ord(self.p[self.i])), self.i)
+            self.i += 1
+            return
+        self.add(ir.literal(self.p[self.i : end]), self.i)
+        self.i = end
 
     def skip_verbose(self, c: str) -> None:
         if c == "#":
@@ -760,7 +785,7 @@ def _alternation(alts: list[Expr]) -> Expr:
         elif isinstance(e, ir.Literal) and len(text := e.data.decode("utf-8")) == 1:
             ranges.append((ord(text), ord(text)))
         else:
-            return ir.choice(*alts)
+            return trie_choice(*alts)
     return ir.char_class(ranges) if len(alts) > 1 else alts[0]
 
 

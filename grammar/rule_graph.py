@@ -39,7 +39,7 @@ class RuleGraph:
             for ref in sorted(used):
                 if ref not in grammar.rules:
                     raise GrammarError(f"rule {name!r} references undefined rule {ref!r}")
-        components = _components(refs)
+        components = strongly_connected_components(refs)
         recursive = {name for c in components for name in c if len(c) > 1 or name in refs[name]}
         graph = cls(refs, recursive, repeated, ref_counts, components, nodes)
         if recursive:  # left recursion needs a reference cycle
@@ -154,7 +154,7 @@ def _scan(grammar: ir.Grammar) -> tuple[dict[str, frozenset[str]], set[int], dic
     return {name: node_refs[id(body)] for name, body in grammar.rules.items()}, repeated, ref_counts, keep_alive
 
 
-def _components(refs: dict[str, frozenset[str]]) -> list[list[str]]:
+def strongly_connected_components(refs: dict[str, frozenset[str]]) -> list[list[str]]:
     """Strongly connected components of the reference graph, each after every component it
     references (Tarjan's algorithm, iterative)."""
     graph = {name: sorted(r for r in used if r in refs) for name, used in refs.items()}

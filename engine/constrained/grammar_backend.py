@@ -13,6 +13,7 @@ entry point (the Engine's scheduler, the server, the CLI and the ``transformers`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -60,7 +61,7 @@ class GrammarBackend:
         if not isinstance(source, str):
             source = json.dumps(source)  # key order matters for JSON schemas: never sort
         strict = params.json_schema_strict if kind == "json_schema" else False
-        return kind, source, strict
+        return kind, source, strict, params.grammar_compile_timeout
 
     def submit(self, params: SamplingParams) -> Future | None:
         """A future of the compiled grammar (its exception is an ``InvalidGrammar``)."""
@@ -89,11 +90,18 @@ class GrammarBackend:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ compiling
+    def budget_for(self, timeout: float | None) -> CompileBudget:
+        """The engine's budget, its wall clock cut to a request's ``grammar_compile_timeout``."""
+        budget = self.budget or CompileBudget()
+        if timeout is not None and timeout < budget.max_compile_seconds:
+            budget = dataclasses.replace(budget, max_compile_seconds=timeout)
+        return budget
+
     def _compile_key(self, key: tuple) -> grammar.CompiledGrammar:
-        kind, source, strict = key
+        kind, source, strict, timeout = key
         start = time.perf_counter()
         try:
-            return self._compile(kind, source, strict)
+            return self._compile(kind, source, strict, self.budget_for(timeout))
         except GrammarError as exc:
             self.stats["errors"] += 1
             if isinstance(exc, InvalidGrammar):
@@ -106,8 +114,8 @@ class GrammarBackend:
             for observe in self.compile_observers:
                 observe(kind, time.perf_counter() - start)
 
-    def _compile(self, kind: str, source: str, strict: bool) -> grammar.CompiledGrammar:
-        vocab, budget = self.vocab, self.budget
+    def _compile(self, kind: str, source: str, strict: bool, budget: CompileBudget) -> grammar.CompiledGrammar:
+        vocab = self.vocab
         if kind == "regex":
             return grammar.compile_regex(source, vocab, budget=budget)
         if kind == "ebnf":

@@ -131,6 +131,7 @@ class _SamplingExtensions(_Request):
     ebnf: str | None = None
     json_schema: dict[str, Any] | str | bool | None = None
     structural_tag: dict[str, Any] | str | None = None
+    grammar_compile_timeout: float | None = None  # seconds, at most the server's own budget
 
 
 class _CommonRequest(_SamplingExtensions):

@@ -55,10 +55,10 @@ Decisions worth knowing (MaskBench dev samples, byte-level walk of
 
 from __future__ import annotations
 
-import sys
 from typing import Iterable
 
 from .. import ir
+from ..budget import recursion_room
 from ..errors import GrammarBudgetError, SchemaError
 from .layout import Layout
 from .lower import Lowerer
@@ -86,18 +86,16 @@ def json_schema_to_grammar(
     schema), UnsupportedFeatureError, GrammarBudgetError.
     """
     layout = Layout.from_option(whitespace, max_whitespace)
-    raw, validator_cls = load_schema(schema)
-    dynamic = Dynamic()
-    doc = normalize_refs(raw, dynamic)
-    lowerer = Lowerer(doc, validator_cls, layout, strict_properties, relax_keywords, dynamic)
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 20_000))  # the walker recurses once per nested subschema
-    try:
+    # The metaschema check and the walker recurse a few frames per nested subschema; the
+    # document's depth budget (checked first thing in load_schema) bounds how many.
+    with recursion_room(20_000):
+        raw, validator_cls = load_schema(schema)
+        dynamic = Dynamic()
+        doc = normalize_refs(raw, dynamic)
+        lowerer = Lowerer(doc, validator_cls, layout, strict_properties, relax_keywords, dynamic)
         root = lowerer.den.sub("")
         body = lowerer.value(root, 0)
         check = build_check(lowerer.den, root) if lowerer.has_unique else None
-    finally:
-        sys.setrecursionlimit(limit)
     if isinstance(body, ir.Nothing):
         if lowerer.approximated:
             raise GrammarBudgetError("schema expands to too many alternatives: the subset kept within budget is empty")

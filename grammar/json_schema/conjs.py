@@ -201,10 +201,13 @@ class ObjConj:
     ev_all: bool = False
 
     def prop(self, name: str) -> Expr:
-        for k, v in self.props:
-            if k == name:
-                return v
-        return TRUE
+        index = self.__dict__.get("_prop_index")
+        if index is None:  # built once: a scan per lookup is quadratic on thousands of properties
+            index = {}
+            for k, v in self.props:
+                index.setdefault(k, v)
+            object.__setattr__(self, "_prop_index", index)
+        return index.get(name, TRUE)
 
 
 def obj_normalize(c: ObjConj) -> ObjConj | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from ..budget import active_deadline, check_deadline, check_depth
 from ..errors import GrammarBudgetError, SchemaError
 from .conjs import ArrConj, KeyLang, ObjConj
 from .denot import BOTTOM, CLOCK, TOP, Denot, but, conj, conj_not, disj, exactly_one, neg, only, unannotated, value_denot
@@ -51,7 +52,8 @@ class Denoter:
         self._memo: dict[tuple[Expr, bool], Denot] = {}
         self._active: set[tuple[Expr, bool]] = set()
         self._work = 0
-        self.deadline = time.monotonic() + MAX_SECONDS
+        self._depth = 0
+        self.deadline = active_deadline() or time.monotonic() + MAX_SECONDS
         CLOCK.deadline = self.deadline
 
     # ------------------------------------------------------------------ expressions
@@ -84,10 +86,14 @@ class Denoter:
         if key in self._active:
             raise SchemaError(f"schema at {_where(e)} refers to itself in place ($ref cycle without a nested value)")
         self._active.add(key)
+        self._depth += 1
         try:
+            # In-place applicators ($ref chains, allOf inside allOf) recurse here, once per level.
+            check_depth(self._depth, "the chain of $ref and in-place subschemas", _where(e))
             out = self._expr(e, track)
         finally:
             self._active.discard(key)
+            self._depth -= 1
         self._memo[key] = out
         return out
 
@@ -117,6 +123,7 @@ class Denoter:
 
     def check_time(self) -> None:
         if time.monotonic() > self.deadline:
+            check_deadline("lowering the JSON schema")  # names the compile budget when there is one
             raise GrammarBudgetError(f"JSON schema lowering ran past {MAX_SECONDS:g} s (too many alternatives or automaton products)")
 
     def holds(self, e: Expr, value: Any) -> bool:

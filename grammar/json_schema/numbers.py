@@ -148,7 +148,7 @@ def _frac_digits(lo: Fraction | None, lo_excl: bool, hi: Fraction | None, hi_exc
         if budget is None:
             return ir.star(DIGIT)
         return ir.seq(ir.repeat(DIGIT, 0, budget), ir.star(ir.literal("0")))
-    if budget == 0:
+    if budget == 0 or (hi == 0 and not hi_excl):  # no digit left, or 0.t <= 0: zeros only
         return ir.star(ir.literal("0")) if _zero_ok(lo, lo_excl, hi, hi_excl) else ir.NOTHING
     if budget is None and (lo is None or lo.denominator == 1) and (hi is None or hi.denominator == 1):
         # Integer bounds that are not free: lo == 0 exclusive (some nonzero digit) and/or hi == 0.

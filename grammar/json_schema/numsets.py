@@ -22,10 +22,11 @@ from math import gcd
 import numpy as np
 
 from .. import char_dfa, ir
-from ..errors import UnsupportedFeatureError
+from ..errors import GrammarBudgetError, UnsupportedFeatureError
 from . import numbers
 
 MAX_MODULUS = 5000  # residue automata larger than this are refused
+MAX_BOUND_DIGITS = 100  # fraction digits of a number bound (the digit automaton nests per digit)
 ONE = Fraction(1)
 
 
@@ -191,6 +192,12 @@ def _simple_ir(c: NumConj, pointer: str) -> ir.Expr | None:
             return None
     if c.lo is None and c.hi is None and places is None:
         return numbers.JSON_NUMBER
+    for keyword, bound in (("minimum/exclusiveMinimum", c.lo), ("maximum/exclusiveMaximum", c.hi)):
+        # The digit automaton nests one level per fraction digit of a bound.
+        if bound is not None and bound.denominator != 1 and _places(bound) > MAX_BOUND_DIGITS:
+            raise GrammarBudgetError(
+                f"{keyword} {float(bound):g} has {_places(bound)} fraction digits, over the budget of {MAX_BOUND_DIGITS} at {pointer or '/'}"
+            )
     return numbers.number_range(c.lo, c.lo_x, c.hi, c.hi_x, max_fraction_digits=places)
 
 

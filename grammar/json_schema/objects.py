@@ -16,6 +16,9 @@ emitted property are shared as grammar rules, so a long list of optional propert
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import replace
+
 from typing import TYPE_CHECKING
 
 from .. import ir
@@ -60,9 +63,10 @@ def _subsets(bits: list[int]):
 def object_expr(lw: "Lowerer", c: ObjConj, ptr: str, depth: int) -> ir.Expr:
     if len(c.exists) > MAX_EXISTS:
         lw.refuse("not", ptr, f"more than {MAX_EXISTS} 'some key satisfies' conditions on one object")
-        c = ObjConj(**{**c.__dict__, "exists": c.exists[:MAX_EXISTS]})
+        c = replace(c, exists=c.exists[:MAX_EXISTS])
     rules = list(c.rules)
-    named = [k for k, _ in c.props] + [k for k in c.required if k not in dict(c.props)]
+    prop_names = dict(c.props)
+    named = [k for k, _ in c.props] + [k for k in c.required if k not in prop_names]
     if lw.strict_properties and not c.explicit_extra:
         rules.append((KeyLang(without=frozenset(named)), FALSE))
     entries: list[tuple[str, list[tuple[ir.Expr, int]], bool]] = []
@@ -165,7 +169,7 @@ class _Chain:
         self.min_p, self.max_p, self.full, self.depth = min_p, max_p, full, depth
         layout = lw.layout
         self.sep, self.colon = layout.sep(depth), layout.colon()
-        self.req_after = [sum(r for _, _, r in entries[i:]) for i in range(len(entries) + 1)]
+        self.req_after = list(itertools.accumulate((r for _, _, r in reversed(entries)), initial=0))[::-1]
         self.memo: dict[tuple[int, bool, int, int], ir.Expr] = {}
         self.share = len(entries) > _SHARE_ABOVE or any(not _small(v) for _, alts, _ in entries for v, _ in alts)
         self.plain = [kv for kv, m in extras if m == 0]

@@ -10,6 +10,7 @@ decoded character, so lengths stay exact.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 from .. import ir
@@ -45,6 +46,9 @@ def _astral_escapes(lo: int, hi: int) -> list[ir.Expr]:
 
 
 _PRINTABLE_ASCII = (0x20, 0x7E)
+# Printable ASCII that JSON never escapes and never spells as \uXXXX (see encode_char_class):
+# text made of these has exactly one spelling, itself.
+_ONE_SPELLING = re.compile(rb"[\x20\x21\x23-\x2e\x30-\x5b\x5d-\x7e]*")
 
 
 @lru_cache(maxsize=8192)
@@ -76,6 +80,8 @@ def encode_value(expr: ir.Expr) -> ir.Expr:
     if isinstance(expr, ir.CharClass):
         return encode_char_class(expr.ranges)
     if isinstance(expr, ir.Literal):
+        if _ONE_SPELLING.fullmatch(expr.data):  # the common case (enum words): spelled as is
+            return expr
         text = expr.data.decode("utf-8")
         return ir.seq(*(encode_char_class(((ord(c), ord(c)),)) for c in text))
     if isinstance(expr, ir.Seq):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .. import char_dfa, ir
+from ..trie_choice import trie_choice
 from ..errors import GrammarBudgetError, UnsupportedFeatureError
 from .strings import length_bounds, restrict_length
 
@@ -49,7 +50,7 @@ class StrSet:
 
     @staticmethod
     def words(words) -> "StrSet":
-        return StrSet(exprs=(ir.choice(*(ir.literal(w) for w in sorted(set(words)))),))
+        return StrSet(exprs=(trie_choice(*(ir.literal(w) for w in sorted(set(words)))),))
 
     @property
     def is_all(self) -> bool:

@@ -1,0 +1,159 @@
+"""Hostile and huge constraints, and a runner that compiles one in a child process under a time
+and memory limit.
+
+Each case is (kind, source builder). The child compiles the source against a byte-level
+vocabulary, fills the first mask, and prints one JSON line: the outcome ("compiled" or the
+GrammarError subclass raised), its message and the seconds taken. Anything else (a hang, a
+RecursionError, a MemoryError, a crash) is what these cases exist to catch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+# Every hostile case must end within this many seconds (the compile budget plus process start-up).
+CASE_SECONDS = 30.0
+CASE_MEMORY_BYTES = 6 << 30
+
+
+def _words(n: int, prefix: str = "item") -> list[str]:
+    # Distinct names that share prefixes the way product names and SKUs do.
+    return [f"{prefix}-{i:06d}-{'abcdefghij'[i % 10]}" for i in range(n)]
+
+
+def _nested_schema(depth: int) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def _nested_array_schema(depth: int) -> dict:
+    schema: dict = {"type": "boolean"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+def _ref_chain(n: int) -> dict:
+    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
+    defs[f"d{n}"] = {"type": "string"}
+    return {"$ref": "#/$defs/d0", "$defs": defs}
+
+
+def _chained_rules(n: int) -> str:
+    lines = [f"root ::= r0"] + [f"r{i} ::= \"x\" r{i + 1}" for i in range(n)] + [f"r{n} ::= \"end\""]
+    return "\n".join(lines)
+
+
+def _alias_rules(n: int) -> str:
+    return "\n".join([f"root ::= r0"] + [f"r{i} ::= r{i + 1}" for i in range(n)] + [f"r{n} ::= \"end\""])
+
+
+def _many_properties(n: int) -> dict:
+    return {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)},
+            "required": [f"p{i}" for i in range(n)], "additionalProperties": False}
+
+
+CASES: dict[str, tuple[str, Callable[[], object]]] = {
+    # Huge alternatives
+    "enum_100k_strings": ("json_schema", lambda: {"enum": _words(100_000)}),
+    "enum_10k_mixed": ("json_schema", lambda: {"enum": _words(5_000) + list(range(5_000))}),
+    "regex_alternation_20k": ("regex", lambda: "(" + "|".join(_words(20_000)) + ")"),
+    "ebnf_alternation_20k": ("ebnf", lambda: "root ::= " + " | ".join(json.dumps(w) for w in _words(20_000))),
+    # Long sequences
+    "properties_5000_required": ("json_schema", lambda: _many_properties(5_000)),
+    "regex_counted_any_100k": ("regex", lambda: r"[\s\S]{100000}"),
+    "regex_literal_1mb": ("regex", lambda: "a" * (1 << 20)),
+    "regex_counted_nested": ("regex", lambda: r"((a{1000}){1000}){1000}"),
+    "schema_max_length_1e9": ("json_schema", lambda: {"type": "string", "minLength": 1_000_000_000}),
+    "schema_min_items_1e9": ("json_schema", lambda: {"type": "array", "minItems": 1_000_000_000}),
+    "schema_const_1mb": ("json_schema", lambda: {"const": "x" * (1 << 20)}),
+    # Deep nesting
+    "schema_nested_2000": ("json_schema", lambda: _nested_schema(2_000)),
+    "schema_nested_arrays_5000": ("json_schema", lambda: _nested_array_schema(5_000)),
+    "schema_ref_chain_5000": ("json_schema", lambda: _ref_chain(5_000)),
+    "schema_ref_cycle": ("json_schema", lambda: {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}),
+    "regex_nested_groups_5000": ("regex", lambda: "(" * 5_000 + "a" + ")" * 5_000),
+    "ebnf_chained_rules_20k": ("ebnf", lambda: _chained_rules(20_000)),
+    "ebnf_alias_rules_20k": ("ebnf", lambda: _alias_rules(20_000)),
+    "ebnf_nested_parens_5000": ("ebnf", lambda: "root ::= " + "(" * 5_000 + "\"a\"" + ")" * 5_000),
+    "lark_nested_parens_3000": ("lark", lambda: "start: " + "(" * 3_000 + "\"a\"" + ")" * 3_000),
+    # Numbers
+    "multiple_of_1e-300": ("json_schema", lambda: {"type": "number", "multipleOf": 1e-300, "minimum": 0, "maximum": 1}),
+    "multiple_of_tiny_integer_range": ("json_schema", lambda: {"type": "integer", "multipleOf": 7, "minimum": -1e300, "maximum": 1e300}),
+    "number_bounds_1e308": ("json_schema", lambda: {"type": "number", "minimum": -1.7e308, "maximum": 1.7e308, "exclusiveMinimum": 1e-308}),
+    # Catastrophic-backtracking regexes (a backtracking engine takes exponential time on them)
+    "regex_evil_nested_star": ("regex", lambda: r"(a*)*b"),
+    "regex_evil_alternation": ("regex", lambda: r"(a|aa)+$"),
+    "regex_evil_counted": ("regex", lambda: r"(a|a?){30}a{30}"),
+    "regex_state_explosion": ("regex", lambda: r"[ab]*a[ab]{20}"),
+    # Garbage
+    "schema_garbage_text": ("json_schema", lambda: "{\"type\": \"obj"),
+    "schema_not_a_schema": ("json_schema", lambda: "[1, 2, 3]"),
+    "regex_garbage": ("regex", lambda: "(((((a[b-"),
+    "ebnf_garbage": ("ebnf", lambda: "root ::= (\"a\" | \n ::= ::= \x00"),
+    "lark_garbage": ("lark", lambda: "start: ( /unclosed"),
+    "ebnf_binary": ("ebnf", lambda: bytes(range(256)).decode("latin-1") * 20),
+}
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    name: str
+    outcome: str  # "compiled", a GrammarError subclass name, or "timeout" / "crash: ..."
+    message: str
+    seconds: float
+
+
+def run_case(name: str, timeout: float = CASE_SECONDS) -> CaseResult:
+    """Compile case ``name`` in a child process; never raises for what the child does."""
+    start = time.monotonic()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]))
+    try:
+        proc = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), name], capture_output=True, text=True, timeout=timeout, env=env, cwd=_ROOT
+        )
+    except subprocess.TimeoutExpired:
+        return CaseResult(name, "timeout", f"no answer within {timeout:g} s", time.monotonic() - start)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return CaseResult(name, f"crash: exit {proc.returncode}", proc.stderr[-2000:], time.monotonic() - start)
+    data = json.loads(lines[-1])
+    return CaseResult(name, data["outcome"], data["message"], data["seconds"])
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _child(name: str) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (CASE_MEMORY_BYTES, CASE_MEMORY_BYTES))
+    from grammar import GrammarError, TokenVocabulary, api
+
+    # Byte-level tokens: the budgets under test are the compiler's; a real vocabulary would add
+    # seconds of tokenizer loading to every case (its masks are tested in test_hostile_inputs).
+    vocab = TokenVocabulary.byte_level()
+    kind, build = CASES[name]
+    source = build()
+    compile_fn = {"json_schema": api.compile_json_schema, "regex": api.compile_regex, "ebnf": api.compile_ebnf, "lark": api.compile_lark}[kind]
+    start = time.monotonic()
+    try:
+        compiled = compile_fn(source, vocab)
+        compiled.token_mask(compiled.initial_state)
+        outcome, message = "compiled", ""
+    except GrammarError as exc:
+        outcome, message = type(exc).__name__, str(exc)[:500]
+    print(json.dumps({"outcome": outcome, "message": message, "seconds": time.monotonic() - start}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, _ROOT)
+    _child(sys.argv[1])
