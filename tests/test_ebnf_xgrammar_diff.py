@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import random
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import require_optional
 from grammar import GrammarMatcher, TokenVocabulary, compile_grammar
 from grammar.ebnf import ebnf_to_grammar
 from test_ebnf_grammars import derive, mutate
 
-xgt = pytest.importorskip("xgrammar.testing")
+xgt = require_optional("xgrammar.testing")
 
 VOCAB = TokenVocabulary.byte_level()
 ALPHABET = ['a', 'b', '(', ')', '"', '\\', '\n', 'é', '-', ']']

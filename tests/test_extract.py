@@ -25,6 +25,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from conftest import require_optional
 from engine.extract.results import FailureType
 
 pytestmark = pytest.mark.slow
@@ -169,7 +170,7 @@ def test_failures_are_result_lines_with_clear_messages(tmp_path):
 
 
 def test_ray_path_gives_the_local_runners_outputs(job, tmp_path):
-    ray = pytest.importorskip("ray")  # in the dev extra: CI installs it
+    ray = require_optional("ray")  # in the dev extra: CI installs it
     from engine.extract.job import JobConfig, RayOptions, run_job
     from engine.extract.spec import ExtractSpec
 

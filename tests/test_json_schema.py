@@ -11,7 +11,7 @@ import json
 import jsonschema
 import pytest
 
-from grammar import TokenVocabulary, ir
+from grammar import SchemaError, TokenVocabulary, ir
 from grammar.json_schema import json_schema_to_grammar
 from test_json_schema_oracle import ir_accepts
 
@@ -63,8 +63,10 @@ def test_types_and_booleans():
     check({"type": "boolean"}, valid=[True, False], invalid=[None, 1, "true"])
     check({"type": ["string", "null"]}, valid=["a", None], invalid=[1, [], {}])
     check({"type": "string", "nullable": True}, valid=["a"], invalid=[1, None])  # OpenAPI-only keyword
-    with pytest.raises(Exception):
+    # ``false`` admits no value: refused as unsatisfiable (exactly SchemaError, not a subclass).
+    with pytest.raises(SchemaError, match="unsatisfiable") as info:
         json_schema_to_grammar(False)
+    assert info.type is SchemaError
 
 
 def test_numbers_json_grammar():

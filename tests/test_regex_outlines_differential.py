@@ -17,9 +17,10 @@ import re
 import numpy as np
 import pytest
 
+from conftest import require_optional
 from grammar import GrammarMatcher, allocate_token_bitmask, compile_regex, unpack_bitmask
 
-outlines_core = pytest.importorskip("outlines_core")
+outlines_core = require_optional("outlines_core")
 
 # outlines-core reads \d, \w and \s as Unicode classes (Arabic-Indic digits match \d there), while
 # formcast gives them re.ASCII's meaning, so the patterns spell ASCII classes out.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -57,22 +58,39 @@ def test_verify_names_the_bad_field(kwargs: dict, field: str) -> None:
     assert isinstance(exc.value, ValueError)
 
 
+# What normalize() makes of the fields a request leaves unset (None -> [] / -1, no stop strings).
+_NORMALIZED_DEFAULTS = {"stop": [], "stop_token_ids": [], "top_k": -1, "stop_str_max_len": 0}
+
+
 @pytest.mark.parametrize(
-    "kwargs",
+    "kwargs,derived",
     [
-        {"temperature": 0.0},
-        {"top_p": 1.0, "top_k": 1, "min_p": 1.0},
-        {"frequency_penalty": -2.0, "presence_penalty": 2.0, "repetition_penalty": 1.3},
-        {"max_new_tokens": 0},
-        {"max_new_tokens": None, "min_new_tokens": 50},
-        {"stop_token_ids": [0, 99]},
-        {"json_schema": True},
-        {"structural_tag": '{"structures": []}'},
-        {"sampling_seed": 0},
+        ({"temperature": 0.0}, {"is_greedy": True}),
+        ({"top_p": 1.0, "top_k": 1, "min_p": 1.0}, {"is_greedy": True}),
+        ({"frequency_penalty": -2.0, "presence_penalty": 2.0, "repetition_penalty": 1.3}, {}),
+        ({"max_new_tokens": 0}, {}),
+        ({"max_new_tokens": None, "min_new_tokens": 50}, {}),
+        ({"stop_token_ids": [0, 99]}, {}),
+        ({"json_schema": True}, {"grammar": ("json_schema", True)}),
+        ({"structural_tag": '{"structures": []}'}, {"grammar": ("structural_tag", '{"structures": []}')}),
+        ({"sampling_seed": 0}, {}),
     ],
 )
-def test_boundary_values_are_accepted(kwargs: dict) -> None:
-    SamplingParams(**kwargs).normalize().verify(vocab_size=100)
+def test_boundary_values_are_accepted(kwargs: dict, derived: dict) -> None:
+    p = SamplingParams(**kwargs).normalize()
+    p.verify(vocab_size=100)
+    # The boundary values are kept exactly as given (no clamping, no coercion: 0.0 stays a float,
+    # True stays a bool, None stays None).
+    for name, value in kwargs.items():
+        assert getattr(p, name) == value and type(getattr(p, name)) is type(value), name
+    # Every other field holds its default, in the canonical form normalize() gives it.
+    for f in dataclasses.fields(SamplingParams):
+        if f.name not in kwargs:
+            expected = _NORMALIZED_DEFAULTS.get(f.name, f.default)
+            assert getattr(p, f.name) == expected, f.name
+    # And the properties derived from them.
+    expected = {"is_greedy": False, "grammar": None, **derived}
+    assert {name: getattr(p, name) for name in expected} == expected
 
 
 class _FakeTokenizer:

