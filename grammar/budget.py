@@ -121,6 +121,8 @@ def check_depth(depth: int, what: str, where: str, limit: int | None = None) -> 
 
 def check_document_depth(value: Any, what: str, limit: int | None = None) -> None:
     """Refuse a JSON document nested deeper than ``limit`` before anything recurses over it."""
+    # A subschema nests two document levels below its parent ("properties" -> name -> schema).
+    limit = 2 * (_CLOCK.max_depth if limit is None else limit)
     stack: list[tuple[Any, int, str]] = [(value, 1, "")]
     while stack:
         node, depth, where = stack.pop()
@@ -130,5 +132,5 @@ def check_document_depth(value: Any, what: str, limit: int | None = None) -> Non
             items = enumerate(node)
         else:
             continue
-        check_depth(depth, what, where or "/", limit)
+        check_depth(depth, f"{what} (two levels a subschema)", where or "/", limit)
         stack.extend((v, depth + 1, f"{where}/{k}") for k, v in items if isinstance(v, (dict, list)))

@@ -82,7 +82,7 @@ def test_hostile_case_ends_within_budget(name):
 @pytest.mark.parametrize("make", [_nested_schema, _nested_array_schema])
 def test_nesting_within_the_budget_compiles_exactly(make):
     vocab = TokenVocabulary.byte_level()
-    depth = 90
+    depth = 140
     compiled = api.compile_json_schema(make(depth), vocab)
     if make is _nested_schema:
         good, bad = '{"a":' * depth + "1" + "}" * depth, '{"a":' * (depth + 1) + "1" + "}" * (depth + 1)
@@ -95,10 +95,10 @@ def test_nesting_within_the_budget_compiles_exactly(make):
 
 
 def test_deep_nesting_is_refused_with_the_limit_and_the_place():
-    with pytest.raises(GrammarBudgetError, match=r"nests deeper than 200 levels at /properties/a/.*max_nesting_depth"):
-        api.compile_json_schema(_nested_schema(150), TokenVocabulary.byte_level())
-    with pytest.raises(GrammarBudgetError, match="deeper than 50 levels"):
-        api.compile_json_schema(_nested_schema(40), TokenVocabulary.byte_level(), budget=CompileBudget(max_nesting_depth=50))
+    with pytest.raises(GrammarBudgetError, match=r"nests deeper than 400 levels at /properties/a/.*max_nesting_depth"):
+        api.compile_json_schema(_nested_schema(250), TokenVocabulary.byte_level())
+    with pytest.raises(GrammarBudgetError, match="deeper than 100 levels"):
+        api.compile_json_schema(_nested_schema(60), TokenVocabulary.byte_level(), budget=CompileBudget(max_nesting_depth=50))
 
 
 def test_deep_json_text_is_refused_not_a_recursion_error():
