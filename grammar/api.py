@@ -15,6 +15,7 @@ from . import ir
 from .budget import CompileBudget, check_document_depth, compile_deadline
 from .compiler import CompiledGrammar, compile_grammar  # noqa: F401 (re-exported)
 from .errors import GrammarBudgetError, GrammarError
+from .token_masks import vocabulary_masks
 from .vocab import TokenVocabulary
 
 _CACHE: OrderedDict[tuple, CompiledGrammar] = OrderedDict()
@@ -38,6 +39,9 @@ def _compile(
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
+    # Per-vocabulary setup (the token trie, numba loading or compiling its kernels: a minute on a
+    # fresh machine) is shared by every constraint, so it is no constraint's budget.
+    vocabulary_masks(vocab)
     stage = f"reading the {kind.replace('_', ' ')}"
     try:
         with compile_deadline(budget.max_compile_seconds, budget.max_nesting_depth):

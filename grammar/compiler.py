@@ -50,6 +50,7 @@ class CompiledGrammar:
         self.vocab = vocab
         self.kind = kind
         self.source = source
+        self.vocabulary_masks = vocabulary_masks(vocab)  # per vocabulary, outside the budget (see api)
         with compile_deadline(self.budget.max_compile_seconds, self.budget.max_nesting_depth):
             self.nfa = build_nfa(grammar, self.budget.max_nfa_states)
             check_deadline("building the automaton")
@@ -57,7 +58,6 @@ class CompiledGrammar:
             self.nfa,
             AutomatonBudget(max_states=self.budget.max_automaton_states, max_stack_depth=self.budget.max_stack_depth),
         )
-        self.vocabulary_masks = vocabulary_masks(vocab)
         self.trie = self.vocabulary_masks.trie
         self.masks = GrammarMasks(
             self.automaton, self.vocabulary_masks, recursive=self.nfa.recursive, cache_bytes=self.budget.max_mask_cache_bytes
