@@ -94,7 +94,7 @@ class Formcast(Engine):
         if kind == "regex":
             return grammar.compile_regex(source, self.vocab)
         if kind == "json_schema":
-            return grammar.compile_json_schema(json.loads(source), self.vocab)
+            return grammar.compile_json_schema(source, self.vocab)  # the text: the compiler parses it within its budgets
         if kind == "ebnf":
             return grammar.compile_ebnf(source, self.vocab)
         raise NotImplementedError(kind)

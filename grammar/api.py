@@ -93,7 +93,10 @@ def compile_json_schema(
         try:
             schema = json.loads(schema)
         except RecursionError:
-            raise GrammarBudgetError(f"the schema document nests deeper than {limit} levels (CompileBudget.max_nesting_depth)") from None
+            raise GrammarBudgetError(
+                f"the schema document nests deeper than Python's JSON parser reads, over the {2 * limit} levels "
+                f"allowed (two a subschema; CompileBudget.max_nesting_depth={limit})"
+            ) from None
         except json.JSONDecodeError as exc:
             from .errors import SchemaError
 
