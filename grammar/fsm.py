@@ -13,6 +13,7 @@ position is one contiguous byte range), so the automaton only ever sees bytes.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -246,8 +247,9 @@ class _Builder:
         nfa.byte_edges[first : first + len(inner)] = [[(b, b, first + i + 1)] for i, b in enumerate(inner)]
         nfa.byte_edges[first + len(inner)].append((data[-1], data[-1], t))
 
-    def _new_chain(self, count: int) -> int:
-        """``count`` fresh states with consecutive numbers; returns the first."""
+    def _new_chain(self, count: int, private: bool = True) -> int:
+        """``count`` fresh states with consecutive numbers; returns the first. ``private``: inner
+        states of a chain, which never get epsilon or call edges."""
         nfa = self.nfa
         n = len(nfa.eps)
         if n + count > self.max_states:
@@ -256,9 +258,15 @@ class _Builder:
             )
         if (n + count) >> 12 != n >> 12:
             check_deadline("building the automaton")
-        nfa.eps.extend([] for _ in range(count))
+        # A chain's inner states never get epsilon or call edges: they share one empty tuple
+        # (an append to one would fail loudly), a third of the per-state cost of a huge literal.
+        if private:
+            nfa.eps.extend(itertools.repeat((), count))
+            nfa.calls.extend(itertools.repeat((), count))
+        else:
+            nfa.eps.extend([] for _ in range(count))
+            nfa.calls.extend([] for _ in range(count))
         nfa.byte_edges.extend([] for _ in range(count))
-        nfa.calls.extend([] for _ in range(count))
         nfa.final_rule.extend([-1] * count)
         return n
 
@@ -283,6 +291,9 @@ class _Builder:
         self._build_repeat(e, s, t, work)
 
     def _graph(self, e: ir.Graph, s: int, t: int, work: list) -> None:
+        if all(type(x) is ir.Literal for _, x, _ in e.edges):
+            self._literal_graph(e, s, t)
+            return
         nodes: dict[int, int] = {}
 
         def node(k: int) -> int:
@@ -300,6 +311,31 @@ class _Builder:
             work.append((self.grammar.rules[e.name], s, t))
         else:
             self.nfa.calls[s].append((self.rule(e.name), t))
+
+    def _literal_graph(self, e: ir.Graph, s: int, t: int) -> None:
+        """A graph of literal edges (the trie of a big enum or alternation) in two bulk
+        allocations: its nodes, then every edge's inner chain states."""
+        nodes: dict[int, int] = {e.start: 0}
+        for a, _, b in e.edges:
+            nodes.setdefault(a, len(nodes))
+            nodes.setdefault(b, len(nodes))
+        first = self._new_chain(len(nodes), private=False)
+        node_state = {k: first + i for k, i in nodes.items()}
+        cur = self._new_chain(sum(len(x.data) - 1 for _, x, _ in e.edges))
+        byte_edges = self.nfa.byte_edges
+        for a, x, b in e.edges:
+            data, na, nb = x.data, node_state[a], node_state[b]  # type: ignore[union-attr]
+            if len(data) == 1:
+                byte_edges[na].append((data[0], data[0], nb))
+                continue
+            inner = len(data) - 1  # states cur .. cur + inner - 1
+            byte_edges[na].append((data[0], data[0], cur))
+            byte_edges[cur : cur + inner - 1] = [[(c, c, cur + i + 1)] for i, c in enumerate(data[1:-1])]
+            byte_edges[cur + inner - 1].append((data[-1], data[-1], nb))
+            cur += inner
+        self.nfa.eps[s].append(node_state[e.start])
+        for f in e.finals:
+            self.nfa.eps[node_state[f]].append(t)
 
     _dispatch = {
         ir.Empty: _empty,
