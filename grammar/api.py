@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 from . import ir
 from .budget import CompileBudget, check_document_depth, compile_deadline
 from .compiler import CompiledGrammar, compile_grammar  # noqa: F401 (re-exported)
-from .errors import GrammarBudgetError, GrammarError
+from .errors import GrammarBudgetError, GrammarError, SchemaError
 from .token_masks import vocabulary_masks
 from .vocab import TokenVocabulary
 
@@ -98,8 +98,6 @@ def compile_json_schema(
                 f"allowed (two a subschema; CompileBudget.max_nesting_depth={limit})"
             ) from None
         except json.JSONDecodeError as exc:
-            from .errors import SchemaError
-
             raise SchemaError(f"schema is not valid JSON: {exc}") from None
     check_document_depth(schema, "the schema document", limit)
     # Key order matters (properties are emitted in their listed order): never sort keys here.

@@ -105,10 +105,6 @@ def check_deadline(stage: str) -> None:
         )
 
 
-def max_nesting_depth() -> int:
-    return _CLOCK.max_depth
-
-
 def check_depth(depth: int, what: str, where: str, limit: int | None = None) -> None:
     """Refuse nesting deeper than ``limit`` (default: the current compile's budget); ``what``
     nests, ``where`` says where it was hit."""

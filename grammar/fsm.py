@@ -240,12 +240,16 @@ class _Builder:
             return
         # A chain of len-1 fresh states, allocated at once (long literals and tries are most of
         # a huge constraint's states).
-        first = self._new_chain(len(data) - 1)
-        nfa = self.nfa
-        nfa.byte_edges[s].append((data[0], data[0], first))
-        inner = data[1:-1]
-        nfa.byte_edges[first : first + len(inner)] = [[(b, b, first + i + 1)] for i, b in enumerate(inner)]
-        nfa.byte_edges[first + len(inner)].append((data[-1], data[-1], t))
+        self._wire_chain(data, s, self._new_chain(len(data) - 1), t)
+
+    def _wire_chain(self, data: bytes, s: int, first: int, t: int) -> None:
+        """Edges spelling ``data`` (two bytes or more) from ``s`` to ``t`` through the fresh states
+        ``first .. first + len(data) - 2``."""
+        byte_edges = self.nfa.byte_edges
+        last = first + len(data) - 2
+        byte_edges[s].append((data[0], data[0], first))
+        byte_edges[first:last] = [[(b, b, first + i + 1)] for i, b in enumerate(data[1:-1])]
+        byte_edges[last].append((data[-1], data[-1], t))
 
     def _new_chain(self, count: int, private: bool = True) -> int:
         """``count`` fresh states with consecutive numbers; returns the first. ``private``: inner
@@ -327,12 +331,9 @@ class _Builder:
             data, na, nb = x.data, node_state[a], node_state[b]  # type: ignore[union-attr]
             if len(data) == 1:
                 byte_edges[na].append((data[0], data[0], nb))
-                continue
-            inner = len(data) - 1  # states cur .. cur + inner - 1
-            byte_edges[na].append((data[0], data[0], cur))
-            byte_edges[cur : cur + inner - 1] = [[(c, c, cur + i + 1)] for i, c in enumerate(data[1:-1])]
-            byte_edges[cur + inner - 1].append((data[-1], data[-1], nb))
-            cur += inner
+            else:
+                self._wire_chain(data, na, cur, nb)
+                cur += len(data) - 1
         self.nfa.eps[s].append(node_state[e.start])
         for f in e.finals:
             self.nfa.eps[node_state[f]].append(t)

@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 from . import ir
 from .budget import check_deadline
 from .errors import GrammarSyntaxError
-from .rule_graph import strongly_connected_components
+from .rule_graph import on_cycles, strongly_connected_components
 
 
 class _Pos(Protocol):
@@ -135,7 +135,7 @@ def _cyclic_rules(rules: dict[str, ir.Expr]) -> list[str]:
     """Rules on a cycle of syntactic left corners (first items of their alternatives), in
     definition order."""
     graph = {n: frozenset(_leading_refs(b) & rules.keys()) for n, b in rules.items()}
-    cyclic = {n for c in strongly_connected_components(graph) if len(c) > 1 or c[0] in graph[c[0]] for n in c}
+    cyclic = on_cycles(strongly_connected_components(graph), graph)
     return [name for name in rules if name in cyclic]
 
 
@@ -276,7 +276,7 @@ def check_grammar(grammar: ir.Grammar, positions: dict[str, _Pos] | None = None)
     corners = {name: frozenset(left_corners(body, nul)) for name, body in grammar.rules.items()}
     # Left recursion is a cycle of the left-corner graph: one pass over its strongly connected
     # components (a search per rule is quadratic on long rule chains).
-    cyclic = {n for c in strongly_connected_components(corners) if len(c) > 1 or c[0] in corners[c[0]] for n in c}
+    cyclic = on_cycles(strongly_connected_components(corners), corners)
     for name in grammar.rules:  # the first such rule as written
         if name in cyclic:
             raise _error(

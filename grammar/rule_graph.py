@@ -40,7 +40,7 @@ class RuleGraph:
                 if ref not in grammar.rules:
                     raise GrammarError(f"rule {name!r} references undefined rule {ref!r}")
         components = strongly_connected_components(refs)
-        recursive = {name for c in components for name in c if len(c) > 1 or name in refs[name]}
+        recursive = on_cycles(components, refs)
         graph = cls(refs, recursive, repeated, ref_counts, components, nodes)
         if recursive:  # left recursion needs a reference cycle
             graph.check_left_recursion(grammar)
@@ -152,6 +152,11 @@ def _scan(grammar: ir.Grammar) -> tuple[dict[str, frozenset[str]], set[int], dic
             ref_counts[body.name] = ref_counts.get(body.name, 0) + 1
     repeated = {nid for nid, first in canon_of.items() if count[first] > 1}
     return {name: node_refs[id(body)] for name, body in grammar.rules.items()}, repeated, ref_counts, keep_alive
+
+
+def on_cycles(components: list[list[str]], graph: dict[str, frozenset[str]]) -> set[str]:
+    """Nodes on a cycle of ``graph``: members of a component of two or more, or self-loops."""
+    return {n for c in components if len(c) > 1 or c[0] in graph[c[0]] for n in c}
 
 
 def strongly_connected_components(refs: dict[str, frozenset[str]]) -> list[list[str]]:
