@@ -141,6 +141,15 @@ class LazyAutomaton:
         with self.lock:
             return self.check_status(det.truncate(self.core, state, keep))
 
+    def split(self, state: int) -> np.ndarray:
+        """One configuration per stack node of ``state`` (int32): their languages unite into
+        ``state``'s, so its mask is the union of theirs, and a node met in many configurations
+        (a key inside every position of an object) has its part computed once."""
+        with self.lock:
+            parts, status = det.split_config(self.core, state)
+        self.check_status(int(status))
+        return parts
+
     # ------------------------------------------------------------------ introspection
     def frame(self, nid: int) -> tuple[int, tuple[int, ...]]:
         """(NFA state, parent node ids and bottom markers) of stack node ``nid``."""
@@ -149,6 +158,10 @@ class LazyAutomaton:
         ps = node_ps[nid]
         start = ps_start[ps]
         return int(node_q[nid]), tuple(ps_pool[start : start + ps_len[ps]].tolist())
+
+    def config_size(self, state: int) -> int:
+        """How many stack nodes configuration ``state`` holds."""
+        return int(self._views()[12][state])
 
     def config_stacks(self, state: int) -> tuple[int, ...]:
         """The kernel node ids of configuration ``state``."""

@@ -342,8 +342,10 @@ def intern_config(c, buf, n, flags):  # pragma: no cover
         c.cfg_len = _grow_int32(c.cfg_len, cid + 1, 0)
         c.accepting = _grow_bool(c.accepting, cid + 1)
         c.exits = _grow_bool(c.exits, cid + 1)
-        table = np.full((2 * c.table.shape[0], 256), UNEXPANDED, np.int32)
-        table[: c.table.shape[0]] = c.table
+        # One pass over the new table (copy, then fill the rest), not a fill and a copy.
+        table = np.empty((2 * c.table.shape[0], 256), np.int32)
+        table[:cid] = c.table[:cid]
+        table[cid:] = UNEXPANDED
         c.table = table
     if c.cfg_pool_n + n > c.cfg_pool.shape[0]:
         c.cfg_pool = _grow_int32(c.cfg_pool, c.cfg_pool_n + n, 0)
@@ -673,3 +675,19 @@ def truncate(c, cfg, keep):  # pragma: no cover
     if nk == 0:
         return intern_config(c, kernel, 0, 0)
     return _config_of_kernel(c, kernel, nk, 0)
+
+
+@njit(cache=True, nogil=True)
+def split_config(c, cfg):  # pragma: no cover
+    """One configuration per kernel node of ``cfg`` (flags cleared): the parts whose languages
+    unite into ``cfg``'s, each shareable with every configuration that holds the same node."""
+    start, n = c.cfg_start[cfg], c.cfg_len[cfg]
+    out = np.empty(n, np.int32)
+    one = np.empty(1, np.int32)
+    for i in range(n):
+        one[0] = c.cfg_pool[start + i]
+        part = intern_config(c, one, 1, 0)
+        if part < 0:
+            return out[:0], part
+        out[i] = part
+    return out, 0

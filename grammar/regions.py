@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .token_trie import TokenTrie
-from .token_walk import ALLOWED, StaticTable, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie
+from .token_walk import ALLOWED, STOP_AT_EXITS, StaticTable, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie
 
 # A state is string-like when it loops on at least this many bytes...
 MIN_LOOP_BYTES = 64
@@ -122,7 +122,7 @@ def split_region(trie: TokenTrie, region: Region) -> RegionSplit:
     table[:size] = np.where(region.canonical == EXIT, size, region.canonical)
     exits = np.zeros(size + 1, dtype=np.bool_)
     exits[size] = True
-    walk = walk_trie(trie, StaticTable(table, exits), region.index, stop_at_exits=True)
+    walk = walk_trie(trie, StaticTable(table, exits), region.index, mode=STOP_AT_EXITS)
     pos, start, offset = range_positions(walk.exit_ranges)
     worth_it = len(pos) <= MAX_EXCEPTION_SHARE * trie.num_tokens
     if not worth_it:

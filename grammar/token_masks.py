@@ -6,8 +6,10 @@ route that applies:
 
 1. **string-like state** (inside a free string; ``regions.py``): the shape's split, shared by
    every grammar of the vocabulary, plus a check of the few tokens that leave the string;
-2. **deep state of a recursive grammar**: the shared mask of its top stack frames, plus a check
-   of the tokens that could pop below them against the real stack (``LazyAutomaton.truncate``);
+2. **state inside called rules**: the shared mask of its top stack frames (the fewest that
+   leave few tokens to check; built per stack node, so a node met under many stacks, like the
+   extra-key node at every position of an object, is walked once), plus a check of the tokens
+   only the stack below could accept, against the real stack (``LazyAutomaton.truncate``);
 3. otherwise the **trie walk** (``token_walk.walk_trie``).
 
 :class:`VocabularyMasks` is the per-vocabulary, process-wide part (the trie and the region
@@ -27,14 +29,14 @@ import numpy as np
 from .lru import ByteLRU
 from .regions import Region, RegionSplit, find_region, region_mask, split_region
 from .token_trie import TokenTrie
-from .token_walk import ALLOWED, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie
+from .token_walk import ALLOWED, DEAD_AFTER_EXITS, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie
 from .vocab import TokenVocabulary
 
-# In recursive grammars, states deeper than this share the mask of their top KEEP_TOP_FRAMES
-# frames, unless more than MAX_UNCERTAIN_SHARE of the vocabulary could pop below them.
-TRUNCATE_ABOVE_DEPTH = 3
-KEEP_TOP_FRAMES = 2
+# A state inside called rules shares the mask of its top frames (the fewest that leave at most
+# MAX_UNCERTAIN_SHARE of the vocabulary to be checked against the stack below them).
 MAX_UNCERTAIN_SHARE = 0.1
+# A truncated configuration of at most this many nodes has its mask built from per-node parts.
+MAX_SPLIT_PARTS = 64
 # Region splits kept per vocabulary (a split is one packed row plus its leaving tokens).
 SHARED_SPLIT_BYTES = 64 << 20
 
@@ -151,30 +153,72 @@ class GrammarMasks:
 
     # ------------------------------------------------------------------ truncated states
     def _may_truncate(self, state: int) -> bool:
-        return self.recursive and self._truncation_useful and self.automaton.max_depth(state) > TRUNCATE_ABOVE_DEPTH
+        return self._truncation_useful and self.automaton.max_depth(state) > 1
 
     def _truncated_mask(self, state: int) -> np.ndarray | None:
-        """The mask of a deeply nested state from the shared mask of its top frames (see
-        ``LazyAutomaton.truncate``): tokens that would pop below them are checked against the
-        real stack, token-major. None when too many tokens would need that check."""
-        top = self.automaton.truncate(state, KEEP_TOP_FRAMES)
-        entry = self._truncated.get(top)
-        if entry is None:
-            entry = self._truncated.put(top, self._shared_top(top))
-        if entry is False:
+        """The mask of a state inside called rules from the shared mask of its top frames (see
+        ``LazyAutomaton.truncate``): what the top frames accept is allowed whatever lies below;
+        the tokens they reject after a possible pop into the hole are checked against the real
+        stack, token-major. The fewest frames are tried first (the most sharing: a key inside
+        any object position, a value inside any array), then more while too many tokens would
+        need that check. None when no truncation pays."""
+        automaton = self.automaton
+        for keep in range(1, automaton.max_depth(state)):
+            top = automaton.truncate(state, keep)
+            entry = self._truncated.get(top)
+            if entry is None:
+                entry = self._truncated.put(top, self._shared_top(top))
+            if entry is not False:
+                break
+        else:
+            self._count_truncation(False)
             return None
+        self._count_truncation(True)
         bits = entry.bits.copy()
         if len(entry.uncertain):
             starts = np.full(len(entry.uncertain), state, dtype=np.int32)
-            outcome, _ = check_tokens(self.trie, self.automaton, entry.uncertain, starts)
+            outcome, _ = check_tokens(self.trie, automaton, entry.uncertain, starts)
             set_token_bits(bits, self.trie.sorted_ids[entry.uncertain[outcome == ALLOWED]])
             add_duplicates(self.trie, bits)
         return bits
 
     def _shared_top(self, top: int) -> TruncatedMask | bool:
-        walk = walk_trie(self.trie, self.automaton, top, stop_at_exits=True)
+        """The shared mask of a truncated configuration: the union of its nodes' parts when it
+        has several (each part cached on its own), else one walk. False when it leaks."""
+        parts = self.automaton.split(top) if self.automaton.config_size(top) > 1 else None
+        if parts is None or len(parts) > MAX_SPLIT_PARTS:
+            return self._walk_top(top)
+        entries = []
+        for part in parts.tolist():
+            entry = self._truncated.get(part)
+            if entry is None:
+                entry = self._truncated.put(part, self._walk_top(part))
+            if entry is False:
+                return False
+            entries.append(entry)
+        bits = entries[0].bits.copy()
+        for entry in entries[1:]:
+            np.bitwise_or(bits, entry.bits, out=bits)
+        uncertain = np.unique(np.concatenate([e.uncertain for e in entries]))
+        if len(uncertain):
+            # A token some part allows outright needs no check against the stack.
+            ids = self.trie.sorted_ids[uncertain]
+            uncertain = uncertain[(bits[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1 == 0]
+        if len(uncertain) > MAX_UNCERTAIN_SHARE * self.trie.num_tokens:
+            return False
+        return TruncatedMask(bits, uncertain.astype(np.int32))
+
+    def _walk_top(self, top: int) -> TruncatedMask | bool:
+        limit = int(MAX_UNCERTAIN_SHARE * self.trie.num_tokens)
+        walk = walk_trie(self.trie, self.automaton, top, mode=DEAD_AFTER_EXITS, max_ranged_tokens=limit)
+        if walk is None:
+            return False
         uncertain, _, _ = range_positions(walk.exit_ranges)
-        useful = len(uncertain) <= MAX_UNCERTAIN_SHARE * self.trie.num_tokens
+        if len(uncertain) > limit:
+            return False
+        return TruncatedMask(walk.bits, uncertain)
+
+    def _count_truncation(self, useful: bool) -> None:
         with self._lock:
             # Adaptive: a grammar whose truncated states keep leaking (JSON schemas whose only
             # recursion is "any JSON value") stops paying for the attempt.
@@ -183,7 +227,6 @@ class GrammarMasks:
             hits = self._truncation_tries - self._truncation_misses
             if self._truncation_misses >= 4 and self._truncation_misses > hits:
                 self._truncation_useful = False
-        return TruncatedMask(walk.bits, uncertain) if useful else False
 
     # ------------------------------------------------------------------ other views
     def allowed_with_end_states(self, state: int) -> tuple[np.ndarray, np.ndarray]:

@@ -7,7 +7,9 @@ in a worker thread while torch runs the model's forward pass.
   ``token_trie.py``. A node is one transition-table lookup; a rejected prefix skips its whole
   subtree. Options: record each allowed token's end state (budget-aware masks), and stop at
   configurations flagged as *exits* (a truncated stack popping into its hole, or a region's
-  boundary), reporting those subtrees as ranges of sorted token positions instead of walking them.
+  boundary), reporting those subtrees as ranges of sorted token positions instead of walking them;
+  or walk through them and report the subtrees that die after one (from a truncated
+  configuration: the tokens only the stack below the hole could accept).
 - :func:`check_tokens`: listed tokens, one by one, each from its own start state and byte
   offset: the tokens that left a shared region or hit a truncation hole, checked against the
   real configuration.
@@ -38,6 +40,8 @@ UNEXPANDED = det.UNEXPANDED  # a transition-table cell whose row has not been co
 _DONE, _GROW = 0, 2
 # check_tokens outcomes.
 DEAD, ALLOWED, AT_EXIT = 0, 1, 2
+# Walk modes (see walk_trie).
+PLAIN, STOP_AT_EXITS, DEAD_AFTER_EXITS = 0, 1, 2
 
 
 class TransitionSource(Protocol):
@@ -131,16 +135,20 @@ def build_trie_nodes(flat, offsets, lengths, ids, n):  # pragma: no cover - comp
 
 
 @njit(nogil=True, cache=True)
-def _walk_kernel(core, words, first_pos, stop_at_exits, state_at, bits, ends, want_ends, ranges, io):  # pragma: no cover
-    """Depth-first walk from ``state_at[0]``, starting at node io[1] (resumable: ``state_at``
-    keeps the states along the current path). Rows not computed yet are computed here. io:
-    [status, node to resume at, ranges used]; status _GROW means ``ranges`` is full, < 0 a
-    determinizer budget error."""
+def _walk_kernel(core, words, first_pos, mode, state_at, tainted, bits, ends, want_ends, ranges, io):  # pragma: no cover
+    """Depth-first walk from ``state_at[0]``, starting at node io[1] (resumable: ``state_at`` and
+    ``tainted`` keep the path). Rows not computed yet are computed here. ``mode``: PLAIN,
+    STOP_AT_EXITS (a subtree entering an exit configuration becomes a range) or DEAD_AFTER_EXITS
+    (a subtree dying on a path that met an exit configuration becomes a range). io: [status,
+    node to resume at, ranges used]; status _GROW means ``ranges`` is full, < 0 a determinizer
+    budget error."""
     n = words.shape[0]
     i = io[1]
     nr = io[2]
     table = core.table
     exits = core.exits
+    if i == 0:
+        tainted[0] = exits[state_at[0]]
     while i < n:
         w = words[i]
         d = np.int64((w >> np.uint64(DEPTH_SHIFT)) & np.uint64(0xFF))
@@ -155,19 +163,17 @@ def _walk_kernel(core, words, first_pos, stop_at_exits, state_at, bits, ends, wa
             table = core.table  # the determinizer may have grown the arrays
             exits = core.exits
             ns = table[p, b]
-        if ns < 0:
-            i = np.int64(w >> np.uint64(SKIP_SHIFT))
-            continue
-        if stop_at_exits and exits[ns]:
-            if nr == ranges.shape[0]:
-                io[0], io[1], io[2] = _GROW, i, nr
-                return
+        if ns < 0 or (mode == STOP_AT_EXITS and exits[ns]):
             skip = np.int64(w >> np.uint64(SKIP_SHIFT))
-            ranges[nr, 0] = first_pos[i]
-            ranges[nr, 1] = first_pos[skip]
-            ranges[nr, 2] = p
-            ranges[nr, 3] = d - 1
-            nr += 1
+            if ns >= 0 or (mode == DEAD_AFTER_EXITS and tainted[d - 1]):
+                if nr == ranges.shape[0]:
+                    io[0], io[1], io[2] = _GROW, i, nr
+                    return
+                ranges[nr, 0] = first_pos[i]
+                ranges[nr, 1] = first_pos[skip]
+                ranges[nr, 2] = p
+                ranges[nr, 3] = d - 1
+                nr += 1
             i = skip
             continue
         t = np.int64((w >> np.uint64(TOKEN_SHIFT)) & np.uint64(FIELD_24)) - 1
@@ -176,6 +182,8 @@ def _walk_kernel(core, words, first_pos, stop_at_exits, state_at, bits, ends, wa
             if want_ends:
                 ends[t] = ns
         state_at[d] = ns
+        if mode == DEAD_AFTER_EXITS:
+            tainted[d] = tainted[d - 1] or exits[ns]
         i += 1
     io[0], io[1], io[2] = _DONE, n, nr
 
@@ -259,42 +267,52 @@ def range_positions(ranges):  # pragma: no cover
 
 
 def walk_trie(
-    trie: TokenTrie, source: TransitionSource, state: int, *, end_states: bool = False, stop_at_exits: bool = False
-) -> TrieWalk:
-    """All tokens allowed from ``state`` (EOS excluded); see the module docstring. Tokens too long
-    for the trie are checked token-major (and, when stopping at exits, may be reported there)."""
+    trie: TokenTrie, source: TransitionSource, state: int, *, end_states: bool = False, mode: int = PLAIN,
+    max_ranged_tokens: int | None = None,
+) -> TrieWalk | None:
+    """All tokens allowed from ``state`` (EOS excluded), walking on through exit configurations
+    (``PLAIN``), stopping at them (``STOP_AT_EXITS``: the subtrees that enter one become
+    ``exit_ranges``), or reporting the subtrees that die on a path that met one
+    (``DEAD_AFTER_EXITS``: from a truncated configuration, the tokens that only the stack below
+    the hole could accept). Tokens too long for the trie are checked token-major. Returns None
+    once the ranges hold more than ``max_ranged_tokens`` tokens (the walk stops there)."""
+    ranged = mode != PLAIN
     bits = np.zeros(trie.width, dtype=np.uint32)
     ends = np.full(trie.vocab_size, -1, dtype=np.int32) if end_states else _NO_INT32
-    ranges = np.empty((256, 4), dtype=np.int32) if stop_at_exits else _NO_RANGES
+    ranges = np.empty((256, 4), dtype=np.int32) if ranged else _NO_RANGES
     state_at = np.empty(MAX_TRIE_DEPTH + 1, dtype=np.int32)
     state_at[0] = state
+    tainted = np.zeros(MAX_TRIE_DEPTH + 1, dtype=np.bool_)
     io = np.zeros(3, dtype=np.int64)
     with source.lock:
         while True:
-            _walk_kernel(source.core, trie.words, trie.first_pos, stop_at_exits, state_at, bits, ends, end_states, ranges, io)
+            _walk_kernel(source.core, trie.words, trie.first_pos, mode, state_at, tainted, bits, ends, end_states, ranges, io)
             if io[0] == _DONE:
                 break
             if io[0] != _GROW:
                 source.check_status(int(io[0]))
+            if max_ranged_tokens is not None and int((ranges[:, 1] - ranges[:, 0]).sum()) > max_ranged_tokens:
+                return None
             ranges = np.concatenate([ranges, np.empty_like(ranges)])
-    exit_ranges = ranges[: int(io[2])] if stop_at_exits else None
+    exit_ranges = ranges[: int(io[2])] if ranged else None
     if len(trie.long_pos):
-        exit_ranges = _walk_long_tokens(trie, source, state, bits, ends if end_states else None, exit_ranges)
+        exit_ranges = _walk_long_tokens(trie, source, state, bits, ends if end_states else None, exit_ranges, mode)
     add_duplicates(trie, bits, ends if end_states else None)
     return TrieWalk(bits, ends if end_states else None, exit_ranges)
 
 
-def _walk_long_tokens(trie: TokenTrie, source, state: int, bits, ends, exit_ranges):
+def _walk_long_tokens(trie: TokenTrie, source, state: int, bits, ends, exit_ranges, mode: int):
     pos = trie.long_pos
     outcome, end = check_tokens(trie, source, pos, np.full(len(pos), state, dtype=np.int32), None,
-                                stop_at_exits=exit_ranges is not None, end_states=ends is not None)
+                                stop_at_exits=mode == STOP_AT_EXITS, end_states=ends is not None)
     ok = outcome == ALLOWED
     set_token_bits(bits, trie.sorted_ids[pos[ok]])
     if ends is not None:
         ends[trie.sorted_ids[pos[ok]]] = end[ok]
     if exit_ranges is not None:
-        # Whole tokens, re-checked from the start: an exit range of one token at offset 0.
-        hit = pos[outcome == AT_EXIT]
+        # Whole tokens, re-checked from the start: a range of one token at offset 0. A dead long
+        # token is reported whether or not its path met an exit (rare, and the re-check is exact).
+        hit = pos[outcome == (AT_EXIT if mode == STOP_AT_EXITS else DEAD)]
         extra = np.stack([hit, hit + 1, np.full(len(hit), state), np.zeros(len(hit))], axis=1).astype(np.int32)
         exit_ranges = np.concatenate([exit_ranges, extra])
     return exit_ranges

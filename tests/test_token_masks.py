@@ -17,7 +17,6 @@ from mask_reference import ReferenceWalk
 
 from grammar import GrammarMatcher, TokenVocabulary, ir
 from grammar.compiler import CompileBudget, compile_grammar
-from grammar.token_masks import TRUNCATE_ABOVE_DEPTH
 
 ALPHABET = list('abcdeklmnz "\\:,{}[]0123456789\n\t') + ["é", "日", "€", "😀", "\x01"]
 
@@ -109,7 +108,7 @@ def test_truncated_masks_of_deep_states_equal_reference(seed):
     vocab = synthetic_vocab(seed + 10)
     compiled = compile_grammar(SEXP, vocab)
     random_walk_check(compiled, vocab, random.Random(seed), walks=6, steps=60, pick=_leaning_deep)
-    deep = sum(compiled.automaton.max_depth(s) > TRUNCATE_ABOVE_DEPTH for s in range(compiled.automaton.num_states))
+    deep = sum(compiled.automaton.max_depth(s) > 3 for s in range(compiled.automaton.num_states))
     assert deep > 20 and compiled.masks.routes["truncated"] >= 10, compiled.masks.routes
 
 

@@ -139,3 +139,26 @@ def test_string_shortcut_bans_exactly_what_simulation_bans(compiled):
         fast = set(check.banned(state, VOCAB.token_bytes, grammar_ok).tolist())
         slow = {t for t in grammar_ok.tolist() if not m.copy().accept_token(t)}
         assert fast == slow, (prefix, sorted(fast ^ slow)[:5])
+
+
+def test_string_shortcut_inside_nested_unique_arrays_bans_what_simulation_bans():
+    """Strings inside a unique array that is itself an item of a unique array: the shortcut bans
+    the tokens closing a duplicate string, and the tokens that go on past the quote (closing the
+    inner array into a duplicate of an earlier outer item) are simulated."""
+    nested = {"type": "array", "uniqueItems": True,
+              "items": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}}
+    compiled = compile_grammar(json_schema_to_grammar(nested, whitespace="compact"), VOCAB)
+    check = compiled.grammar.check
+    for prefix in [b'[["a","b"],["a","', b'[["a","b"],["a","b', b'[["a"],["b"],["', b'[["a"],[',
+                   b'[["a","b"],["b"],["a","']:
+        m = GrammarMatcher(compiled)
+        assert m.accept_bytes(prefix), prefix
+        state = m._checks[-1]
+        grammar_ok = np.array([t for t in range(VOCAB.vocab_size) if VOCAB.token_bytes[t] and compiled.next_state(m.state, t) >= 0])
+        fast = set(check.banned(state, VOCAB.token_bytes, grammar_ok).tolist())
+        slow = {t for t in grammar_ok.tolist() if not m.copy().accept_token(t)}
+        assert fast == slow, (prefix, sorted(VOCAB.token_bytes[t] for t in fast ^ slow)[:5])
+    # The case the simulation exists for: 'b"]' would complete ["a","b"], an earlier outer item.
+    m = GrammarMatcher(compiled)
+    assert m.accept_bytes(b'[["a","b"],["a","')
+    assert tid('b"]') not in allowed(m) and tid('"]') in allowed(m)

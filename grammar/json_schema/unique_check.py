@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .unique_tokens import byte_index, closing_index
+from .unique_tokens import byte_index, closing_index, closing_more
 from .unique_values import equality_keys
 
 if TYPE_CHECKING:
@@ -140,13 +140,28 @@ class UniqueItemsCheck:
             return np.zeros(0, dtype=np.int64)
         quick = _string_item_bans(state, token_bytes)
         if quick is not None:
-            return np.intersect1d(quick, allowed)
+            bans = _members(quick, allowed)
+            if any(g.unique and g.seen for g in state.frames[:-1]):
+                # An enclosing unique array has items: a token that goes on past the closing
+                # quote (closing brackets, another string) may complete one of its items too.
+                more = allowed[closing_more(token_bytes)[allowed]]
+                extra = [t for t in more.tolist() if self.feed(state, token_bytes[t]) is None]
+                bans = np.union1d(bans, np.array(extra, dtype=np.int64))
+            return bans
         has = byte_index(token_bytes)
         mask = np.zeros(len(allowed), dtype=bool)
         for b in _enders(state.mode):
             mask |= has[b][allowed]
         out = [t for t in allowed[mask].tolist() if self.feed(state, token_bytes[t]) is None]
         return np.array(out, dtype=np.int64)
+
+
+def _members(ids: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """The ``ids`` found in the sorted array ``allowed`` (no sort of the large side)."""
+    if not len(ids) or not len(allowed):
+        return np.zeros(0, dtype=np.int64)
+    at = np.minimum(np.searchsorted(allowed, ids), len(allowed) - 1)
+    return ids[allowed[at] == ids].astype(np.int64)
 
 
 def _enders(mode: int) -> bytes:
@@ -164,11 +179,10 @@ def _string_item_bans(state: ScanState, token_bytes: list[bytes]) -> np.ndarray 
     """Inside a string that is itself an item of a unique array (and no other unique array has
     items yet): the tokens whose text up to their closing quote completes an earlier item,
     looked up by decoded content instead of simulated. None where this shortcut does not apply
-    (mid-escape, a partial character, several unique arrays in play)."""
+    (mid-escape, a partial character). Tokens that could complete more than this string are the
+    caller's to simulate."""
     f = state.frames[-1] if state.frames else None
     if state.mode != STRING or state.is_key or state.esc or f is None or not (f.array and f.unique):
-        return None
-    if any(g.unique and g.seen for g in state.frames[:-1]):
         return None
     try:
         cur = json.loads(b'"' + _slice(state.text, state.lex_start + 1, state.pos) + b'"')

@@ -3,7 +3,8 @@
 ``closing_index``: the decoded string content a token holds before its first unescaped quote,
 for looking up which tokens, read inside a string item, would close it with a given content.
 ``byte_index``: which tokens contain each byte that can complete an item (a cheap filter before
-the tokens are simulated).
+the tokens are simulated). ``closing_more``: tokens that, read inside a string, could complete
+more than that string (another quote or a closing bracket after the first quote).
 """
 
 from __future__ import annotations
@@ -53,4 +54,26 @@ def byte_index(token_bytes: list[bytes]) -> dict[int, np.ndarray]:
     index = {b: np.fromiter((b in t for t in token_bytes), dtype=bool, count=len(token_bytes)) for b in b'",]}el \t\n\r'}
     with _INDEX_LOCK:
         _INDEX[id(token_bytes)] = (token_bytes, index)
+    return index
+
+
+_MORE: dict[int, tuple[list[bytes], np.ndarray]] = {}
+
+
+def closing_more(token_bytes: list[bytes]) -> np.ndarray:
+    """bool per token: a quote, then later another quote or a closing bracket (once per
+    vocabulary). Read inside a string item, only such a token can complete an item other than
+    that string: an enclosing array or object, or a second string."""
+    with _INDEX_LOCK:
+        hit = _MORE.get(id(token_bytes))
+        if hit is not None and hit[0] is token_bytes:
+            return hit[1]
+
+    def more(data: bytes) -> bool:
+        q = data.find(b'"')
+        return q >= 0 and any(c in data[q + 1:] for c in b'"]}')
+
+    index = np.fromiter((more(t) for t in token_bytes), dtype=bool, count=len(token_bytes))
+    with _INDEX_LOCK:
+        _MORE[id(token_bytes)] = (token_bytes, index)
     return index
