@@ -80,7 +80,7 @@ def _warm_up(shared: VocabularyMasks) -> None:
                                            ir.seq(ir.literal("["), ir.Ref("root"), ir.literal("]")))})
     nfa = build_nfa(nested)
     automaton = LazyAutomaton(nfa)
-    masks = GrammarMasks(automaton, shared, recursive=nfa.recursive, cache_bytes=1 << 20)
+    masks = GrammarMasks(automaton, shared, cache_bytes=1 << 20)
     for prefix in (b"", b'"', b"[[[[[", b'[[[[["'):
         state = automaton.step_bytes(automaton.initial_state, prefix)
         masks.compute(state)
@@ -98,11 +98,10 @@ class TruncatedMask:
 class GrammarMasks:
     """Packed mask rows (int32, EOS included) of one grammar's automaton states."""
 
-    def __init__(self, automaton, shared: VocabularyMasks, *, recursive: bool, cache_bytes: int) -> None:
+    def __init__(self, automaton, shared: VocabularyMasks, *, cache_bytes: int) -> None:
         self.automaton = automaton
         self.shared = shared
         self.trie = shared.trie
-        self.recursive = recursive
         self._rows: ByteLRU[np.ndarray] = ByteLRU(cache_bytes, lambda row: row.nbytes + 64)
         self._truncated: ByteLRU[TruncatedMask | bool] = ByteLRU(
             max(cache_bytes // 4, 1 << 20), lambda t: 64 if isinstance(t, bool) else t.bits.nbytes + t.uncertain.nbytes
