@@ -85,6 +85,7 @@ def _warm_up(shared: VocabularyMasks) -> None:
         state = automaton.step_bytes(automaton.initial_state, prefix)
         masks.compute(state)
     masks.allowed_with_end_states(automaton.initial_state)
+    automaton.split(automaton.initial_state)
 
 
 @dataclass(frozen=True, eq=False)
