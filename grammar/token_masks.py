@@ -29,7 +29,9 @@ import numpy as np
 from .lru import ByteLRU
 from .regions import Region, RegionSplit, find_region, region_mask, split_region
 from .token_trie import TokenTrie
-from .token_walk import ALLOWED, DEAD_AFTER_EXITS, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie
+from .token_walk import (
+    ALLOWED, AT_EXIT, DEAD_AFTER_EXITS, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie,
+)
 from .vocab import TokenVocabulary
 
 # A state inside called rules shares the mask of its top frames (the fewest that leave at most
@@ -37,6 +39,14 @@ from .vocab import TokenVocabulary
 MAX_UNCERTAIN_SHARE = 0.1
 # A truncated configuration of at most this many nodes has its mask built from per-node parts.
 MAX_SPLIT_PARTS = 64
+# A state with at least this many live bytes may take its mask from a sibling state whose row
+# differs from its own on at most MAX_SIBLING_DIFFERENCES bytes.
+MIN_SIBLING_LIVE_BYTES = 64
+# ...as long as the tokens starting with the differing bytes are at most this share of the trie.
+MAX_SIBLING_WALK_SHARE = 0.05
+# Two targets of one byte count as agreeing when they reach equal states within this many bytes
+# on every path (a UTF-8 character's middle states, an escape sequence).
+SIBLING_AGREE_DEPTH = 6
 # Region splits kept per vocabulary (a split is one packed row plus its leaving tokens).
 SHARED_SPLIT_BYTES = 64 << 20
 
@@ -86,6 +96,7 @@ def _warm_up(shared: VocabularyMasks) -> None:
         masks.compute(state)
     masks.allowed_with_end_states(automaton.initial_state)
     automaton.split(automaton.initial_state)
+    walk_trie(shared.trie, automaton, automaton.initial_state, first_bytes=np.array([ord("[")]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,7 +136,7 @@ class GrammarMasks:
             row = self._rows.put(state, self.compute(state).view(np.int32))
         return row
 
-    def compute(self, state: int) -> np.ndarray:
+    def compute(self, state: int, *, via_sibling: bool = True) -> np.ndarray:
         """The uint32 bits of ``state``'s allowed tokens, EOS included, uncached."""
         bits, route = None, "walk"
         region = self.region_of(state)
@@ -133,8 +144,14 @@ class GrammarMasks:
             split = self.shared.split_for(region)
             if split.worth_it:
                 bits, route = region_mask(self.trie, self.automaton, region, split), "region"
-        elif self._may_truncate(state):
-            bits, route = self._truncated_mask(state), "truncated"
+        else:
+            # Truncation first: its parts are shared by every stack a node occurs under; the
+            # sibling's mask is the real state's own (a key prefix under ten object positions
+            # would otherwise recompute the free key's mask ten times).
+            if self._may_truncate(state):
+                bits, route = self._truncated_mask(state), "truncated"
+            if bits is None and via_sibling:
+                bits, route = self._sibling_mask(state), "sibling"
         if bits is None:
             bits, route = walk_trie(self.trie, self.automaton, state).bits, "walk"
         self.routes[route] += 1
@@ -150,6 +167,34 @@ class GrammarMasks:
         with self._lock:
             self._regions[state] = region
         return region
+
+    # ------------------------------------------------------------------ sibling states
+    def _sibling_mask(self, state: int) -> np.ndarray | None:
+        """The mask of a wide state from the mask of the state most of its bytes lead to, when
+        that state's row agrees with this one on all but a few bytes: tokens starting with an
+        agreeing byte reach the same configuration after it either way, so only the tokens
+        starting with a differing byte are walked. A key being typed beside named keys (``{"de``
+        under ``additionalProperties``) is the free key string with a few bytes spelling the
+        named ones; its mask is the free key's, corrected on those first bytes. None when no
+        such sibling exists."""
+        automaton = self.automaton
+        found = _sibling_of(automaton, state)
+        if found is None:
+            return None
+        sibling, differ = found
+        spans = self.trie.first_byte_nodes[differ]
+        if int((spans[:, 1] - spans[:, 0]).sum()) > MAX_SIBLING_WALK_SHARE * len(self.trie.words):
+            return None
+        base = self._rows.get(sibling)
+        if base is None:
+            # The sibling's own mask takes any route but this one (no chains of siblings).
+            base = self._rows.put(sibling, self.compute(sibling, via_sibling=False).view(np.int32))
+        bits = base.view(np.uint32).copy()
+        np.bitwise_and.at(bits, self._eos_words, ~self._eos_bits)  # EOS follows this state's own acceptance
+        if len(differ):
+            bits &= ~np.bitwise_or.reduce(self.trie.first_byte_bits[differ], axis=0)
+            bits |= walk_trie(self.trie, automaton, state, first_bytes=differ).bits
+        return bits
 
     # ------------------------------------------------------------------ truncated states
     def _may_truncate(self, state: int) -> bool:
@@ -210,6 +255,50 @@ class GrammarMasks:
 
     def _walk_top(self, top: int) -> TruncatedMask | bool:
         limit = int(MAX_UNCERTAIN_SHARE * self.trie.num_tokens)
+        sibling = self._sibling_top(top, limit)
+        if sibling is not None:
+            return sibling
+        return self._plain_top(top, limit)
+
+    def _sibling_top(self, top: int, limit: int) -> TruncatedMask | bool | None:
+        """A truncated part's mask from its sibling part's (see :meth:`_sibling_mask`): a key
+        prefix over the hole from the free key over the hole, walked once per grammar."""
+        automaton = self.automaton
+        found = _sibling_of(automaton, top)
+        if found is None:
+            return None
+        sibling, differ = found
+        spans = self.trie.first_byte_nodes[differ]
+        if int((spans[:, 1] - spans[:, 0]).sum()) > MAX_SIBLING_WALK_SHARE * len(self.trie.words):
+            return None
+        base = self._truncated.get(sibling)
+        if base is None:
+            base = self._truncated.put(sibling, self._plain_top(sibling, limit))
+        if base is False:
+            return None
+        walk = walk_trie(self.trie, automaton, top, mode=DEAD_AFTER_EXITS, max_ranged_tokens=limit, first_bytes=differ)
+        if walk is None:
+            return False
+        bits = base.bits.copy()
+        uncertain, _, _ = range_positions(walk.exit_ranges)
+        if len(differ):
+            bits &= ~np.bitwise_or.reduce(self.trie.first_byte_bits[differ], axis=0)
+            bits |= walk.bits
+            kept = base.uncertain[~np.isin(self.trie.flat[self.trie.sorted_offset[base.uncertain]], differ)]
+            uncertain = np.union1d(kept, uncertain).astype(np.int32)
+        else:
+            uncertain = base.uncertain
+        if len(uncertain) > limit:
+            return False
+        self.routes["sibling part"] += 1
+        return TruncatedMask(bits, uncertain)
+
+    def _plain_top(self, top: int, limit: int) -> TruncatedMask | bool:
+        region = self.region_of(top)
+        if region is not None and not self.automaton.exits[region.states].any():
+            split = self.shared.split_for(region)
+            if split.worth_it:
+                return self._region_top(region, split, limit)
         walk = walk_trie(self.trie, self.automaton, top, mode=DEAD_AFTER_EXITS, max_ranged_tokens=limit)
         if walk is None:
             return False
@@ -217,6 +306,24 @@ class GrammarMasks:
         if len(uncertain) > limit:
             return False
         return TruncatedMask(walk.bits, uncertain)
+
+    def _region_top(self, region: Region, split: RegionSplit, limit: int) -> TruncatedMask | bool:
+        """A truncated part inside a free string (the free key over the hole): the shape's
+        shared split, and its leaving tokens checked from the part's states, those dying after
+        a pop into the hole being the uncertain ones. (No state of the region may exit: the
+        tokens inside it never meet the hole.)"""
+        bits = split.inside.copy()
+        uncertain = np.zeros(0, dtype=np.int32)
+        if len(split.exit_pos):
+            outcome, _ = check_tokens(self.trie, self.automaton, split.exit_pos, region.states[split.exit_from],
+                                      split.exit_offset, mode=DEAD_AFTER_EXITS)
+            set_token_bits(bits, self.trie.sorted_ids[split.exit_pos[outcome == ALLOWED]])
+            uncertain = split.exit_pos[outcome == AT_EXIT]
+        if len(uncertain) > limit:
+            return False
+        add_duplicates(self.trie, bits)
+        self.routes["region part"] += 1
+        return TruncatedMask(bits, uncertain.astype(np.int32))
 
     def _count_truncation(self, useful: bool) -> None:
         with self._lock:
@@ -248,6 +355,56 @@ class GrammarMasks:
             self.row(state)
             done += 1
         return done
+
+
+def _sibling_of(automaton, state: int) -> tuple[int, np.ndarray] | None:
+    """(the state most of ``state``'s live bytes lead to, the bytes on which the two differ), or
+    None for a narrow state, a state that mostly loops, or flags that differ."""
+    automaton.expand(state)
+    row = automaton.table[state]
+    live = row[row >= 0]
+    if len(live) < MIN_SIBLING_LIVE_BYTES:
+        return None
+    targets, counts = np.unique(live, return_counts=True)
+    sibling = int(targets[np.argmax(counts)])
+    if sibling == state or automaton.exits[sibling] != automaton.exits[state]:
+        return None
+    return sibling, _differing_bytes(automaton, row, sibling)
+
+
+def _differing_bytes(automaton, row: np.ndarray, sibling: int) -> np.ndarray:
+    """Bytes on which ``row`` and the sibling's row lead to states that do not agree (see
+    ``SIBLING_AGREE_DEPTH``): only tokens starting with one of them can be allowed differently."""
+    automaton.expand(sibling)
+    other = automaton.table[sibling]
+    differ = np.flatnonzero(other != row)
+    memo: dict[tuple[int, int], bool] = {}
+    verdicts = {pair: _agree(automaton, *pair, SIBLING_AGREE_DEPTH, memo)
+                for pair in set(zip(row[differ].tolist(), other[differ].tolist()))}
+    return np.array([b for b in differ.tolist() if not verdicts[(int(row[b]), int(other[b]))]], dtype=np.int64)
+
+
+def _agree(automaton, x: int, y: int, depth: int, memo: dict) -> bool:
+    """True when every byte string leads ``x`` and ``y`` to equal states, or both to dead ones,
+    within ``depth`` bytes, through states with equal exit flags (a sufficient test that every
+    token walks alike from both, truncated walks included)."""
+    if x == y:
+        return True
+    if depth == 0 or x < 0 or y < 0 or automaton.exits[x] != automaton.exits[y]:
+        return False
+    key = (x, y)
+    if key in memo:
+        return memo[key]
+    memo[key] = False  # a cycle of unequal states does not count as agreeing
+    automaton.expand(x)
+    automaton.expand(y)
+    rx, ry = automaton.table[x], automaton.table[y]
+    if not np.array_equal(rx < 0, ry < 0):
+        return False
+    d = rx != ry
+    ok = all(_agree(automaton, a, b, depth - 1, memo) for a, b in set(zip(rx[d].tolist(), ry[d].tolist())))
+    memo[key] = ok
+    return ok
 
 
 def _reachable_states(automaton, max_states: int, deadline: float) -> list[int] | None:

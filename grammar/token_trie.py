@@ -47,6 +47,10 @@ class TokenTrie:
     dup_src: np.ndarray  # int32
     dup_dst: np.ndarray  # int32
     eos_ids: np.ndarray  # int64
+    # Per first byte b: the trie nodes of the subtree below the root's child b ([start, end),
+    # empty when no token starts with b), and the packed bits of every token starting with b.
+    first_byte_nodes: np.ndarray  # int64 [256, 2]
+    first_byte_bits: np.ndarray  # uint32 [256, width]
 
     @property
     def width(self) -> int:
@@ -92,6 +96,15 @@ def build_trie(token_bytes: list[bytes], ids: list[int], vocab_size: int, eos_id
     words, first_pos = build_trie_nodes(flat, offsets, lengths, sorted_ids, int(in_trie.sum()))
     if len(words) > FIELD_24:
         raise ValueError(f"the vocabulary's trie has more than {FIELD_24} nodes")
+    first_bytes = np.array([t[0] for t in token_bytes], dtype=np.int64)
+    first_byte_bits = np.zeros((256, bitmask_width(vocab_size)), dtype=np.uint32)
+    all_ids = np.array(ids, dtype=np.int64)
+    np.bitwise_or.at(first_byte_bits, (first_bytes, all_ids >> 5), (np.uint32(1) << (all_ids & 31).astype(np.uint32)))
+    first_byte_nodes = np.zeros((256, 2), dtype=np.int64)
+    depth = (words >> np.uint64(DEPTH_SHIFT)) & np.uint64(0xFF)
+    for node in np.flatnonzero(depth == 1).tolist():
+        word = int(words[node])
+        first_byte_nodes[word & 0xFF] = (node, (word >> SKIP_SHIFT) & FIELD_24)
     return TokenTrie(
         words=words,
         first_pos=first_pos,
@@ -104,6 +117,8 @@ def build_trie(token_bytes: list[bytes], ids: list[int], vocab_size: int, eos_id
         dup_src=np.array(dup_src, dtype=np.int32),
         dup_dst=np.array(dup_dst, dtype=np.int32),
         eos_ids=np.array(sorted(eos_ids), dtype=np.int64),
+        first_byte_nodes=first_byte_nodes,
+        first_byte_bits=first_byte_bits,
     )
 
 

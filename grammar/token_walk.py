@@ -135,19 +135,20 @@ def build_trie_nodes(flat, offsets, lengths, ids, n):  # pragma: no cover - comp
 
 
 @njit(nogil=True, cache=True)
-def _walk_kernel(core, words, first_pos, mode, state_at, tainted, bits, ends, want_ends, ranges, io):  # pragma: no cover
-    """Depth-first walk from ``state_at[0]``, starting at node io[1] (resumable: ``state_at`` and
+def _walk_kernel(core, words, first_pos, begin, end, mode, state_at, tainted, bits, ends, want_ends, ranges, io):  # pragma: no cover
+    """Depth-first walk from ``state_at[0]`` over the nodes ``begin`` .. ``end`` (whole subtrees),
+    from node io[1] on (resumable: ``state_at`` and
     ``tainted`` keep the path). Rows not computed yet are computed here. ``mode``: PLAIN,
     STOP_AT_EXITS (a subtree entering an exit configuration becomes a range) or DEAD_AFTER_EXITS
     (a subtree dying on a path that met an exit configuration becomes a range). io: [status,
     node to resume at, ranges used]; status _GROW means ``ranges`` is full, < 0 a determinizer
     budget error."""
-    n = words.shape[0]
+    n = end
     i = io[1]
     nr = io[2]
     table = core.table
     exits = core.exits
-    if i == 0:
+    if i == begin:
         tainted[0] = exits[state_at[0]]
     while i < n:
         w = words[i]
@@ -189,9 +190,10 @@ def _walk_kernel(core, words, first_pos, mode, state_at, tainted, bits, ends, wa
 
 
 @njit(nogil=True, cache=True)
-def _check_kernel(core, flat, offsets, lengths, positions, starts, skips, stop_at_exits, out, ends, want_ends):  # pragma: no cover
+def _check_kernel(core, flat, offsets, lengths, positions, starts, skips, mode, out, ends, want_ends):  # pragma: no cover
     """Token-major: run token ``positions[k]``'s bytes from ``skips[k]`` on, starting in
-    ``starts[k]``; out[k] = ALLOWED / DEAD / AT_EXIT. Returns 0 or a determinizer status."""
+    ``starts[k]``; out[k] = ALLOWED / DEAD / AT_EXIT (STOP_AT_EXITS: an exit configuration was
+    entered; DEAD_AFTER_EXITS: the token died after one). Returns 0 or a determinizer status."""
     table = core.table
     exits = core.exits
     for k in range(positions.shape[0]):
@@ -201,10 +203,13 @@ def _check_kernel(core, flat, offsets, lengths, positions, starts, skips, stop_a
         end = lengths[pos]
         base = offsets[pos]
         result = ALLOWED
+        tainted = False
         while True:
-            if stop_at_exits and exits[s]:
-                result = AT_EXIT
-                break
+            if exits[s]:
+                if mode == STOP_AT_EXITS:
+                    result = AT_EXIT
+                    break
+                tainted = True
             if j >= end:
                 break
             b = flat[base + j]
@@ -217,7 +222,7 @@ def _check_kernel(core, flat, offsets, lengths, positions, starts, skips, stop_a
                 exits = core.exits
                 ns = table[s, b]
             if ns < 0:
-                result = DEAD
+                result = AT_EXIT if mode == DEAD_AFTER_EXITS and tainted else DEAD
                 break
             s = ns
             j += 1
@@ -268,51 +273,63 @@ def range_positions(ranges):  # pragma: no cover
 
 def walk_trie(
     trie: TokenTrie, source: TransitionSource, state: int, *, end_states: bool = False, mode: int = PLAIN,
-    max_ranged_tokens: int | None = None,
+    max_ranged_tokens: int | None = None, first_bytes: np.ndarray | None = None,
 ) -> TrieWalk | None:
     """All tokens allowed from ``state`` (EOS excluded), walking on through exit configurations
     (``PLAIN``), stopping at them (``STOP_AT_EXITS``: the subtrees that enter one become
     ``exit_ranges``), or reporting the subtrees that die on a path that met one
     (``DEAD_AFTER_EXITS``: from a truncated configuration, the tokens that only the stack below
-    the hole could accept). Tokens too long for the trie are checked token-major. Returns None
-    once the ranges hold more than ``max_ranged_tokens`` tokens (the walk stops there)."""
+    the hole could accept). With ``first_bytes``, only the tokens starting with one of those
+    bytes are walked. Tokens too long for the trie are checked token-major. Returns None once
+    the ranges hold more than ``max_ranged_tokens`` tokens (the walk stops there)."""
     ranged = mode != PLAIN
     bits = np.zeros(trie.width, dtype=np.uint32)
     ends = np.full(trie.vocab_size, -1, dtype=np.int32) if end_states else _NO_INT32
     ranges = np.empty((256, 4), dtype=np.int32) if ranged else _NO_RANGES
     state_at = np.empty(MAX_TRIE_DEPTH + 1, dtype=np.int32)
-    state_at[0] = state
     tainted = np.zeros(MAX_TRIE_DEPTH + 1, dtype=np.bool_)
     io = np.zeros(3, dtype=np.int64)
+    if first_bytes is None:
+        spans = [(0, len(trie.words))]
+    else:
+        first_bytes = np.asarray(first_bytes, dtype=np.int64)
+        spans = [(b, e) for b, e in trie.first_byte_nodes[first_bytes].tolist() if e > b]
     with source.lock:
-        while True:
-            _walk_kernel(source.core, trie.words, trie.first_pos, mode, state_at, tainted, bits, ends, end_states, ranges, io)
-            if io[0] == _DONE:
-                break
-            if io[0] != _GROW:
-                source.check_status(int(io[0]))
-            if max_ranged_tokens is not None and int((ranges[:, 1] - ranges[:, 0]).sum()) > max_ranged_tokens:
-                return None
-            ranges = np.concatenate([ranges, np.empty_like(ranges)])
+        for begin, end in spans:
+            state_at[0] = state
+            io[0], io[1] = _DONE, begin
+            while True:
+                _walk_kernel(source.core, trie.words, trie.first_pos, begin, end, mode, state_at, tainted, bits, ends,
+                             end_states, ranges, io)
+                if io[0] == _DONE:
+                    break
+                if io[0] != _GROW:
+                    source.check_status(int(io[0]))
+                if max_ranged_tokens is not None and int((ranges[:, 1] - ranges[:, 0]).sum()) > max_ranged_tokens:
+                    return None
+                ranges = np.concatenate([ranges, np.empty_like(ranges)])
     exit_ranges = ranges[: int(io[2])] if ranged else None
     if len(trie.long_pos):
-        exit_ranges = _walk_long_tokens(trie, source, state, bits, ends if end_states else None, exit_ranges, mode)
+        long_pos = trie.long_pos
+        if first_bytes is not None:
+            long_pos = long_pos[np.isin(trie.flat[trie.sorted_offset[long_pos]], first_bytes)]
+        exit_ranges = _walk_long_tokens(trie, source, state, long_pos, bits, ends if end_states else None, exit_ranges, mode)
     add_duplicates(trie, bits, ends if end_states else None)
     return TrieWalk(bits, ends if end_states else None, exit_ranges)
 
 
-def _walk_long_tokens(trie: TokenTrie, source, state: int, bits, ends, exit_ranges, mode: int):
-    pos = trie.long_pos
-    outcome, end = check_tokens(trie, source, pos, np.full(len(pos), state, dtype=np.int32), None,
-                                stop_at_exits=mode == STOP_AT_EXITS, end_states=ends is not None)
+def _walk_long_tokens(trie: TokenTrie, source, state: int, pos: np.ndarray, bits, ends, exit_ranges, mode: int):
+    if not len(pos):
+        return exit_ranges
+    outcome, end = check_tokens(trie, source, pos, np.full(len(pos), state, dtype=np.int32), None, mode=mode,
+                                end_states=ends is not None)
     ok = outcome == ALLOWED
     set_token_bits(bits, trie.sorted_ids[pos[ok]])
     if ends is not None:
         ends[trie.sorted_ids[pos[ok]]] = end[ok]
     if exit_ranges is not None:
-        # Whole tokens, re-checked from the start: a range of one token at offset 0. A dead long
-        # token is reported whether or not its path met an exit (rare, and the re-check is exact).
-        hit = pos[outcome == (AT_EXIT if mode == STOP_AT_EXITS else DEAD)]
+        # Whole tokens, re-checked from the start: a range of one token at offset 0.
+        hit = pos[outcome == AT_EXIT]
         extra = np.stack([hit, hit + 1, np.full(len(hit), state), np.zeros(len(hit))], axis=1).astype(np.int32)
         exit_ranges = np.concatenate([exit_ranges, extra])
     return exit_ranges
@@ -325,11 +342,12 @@ def check_tokens(
     starts: np.ndarray,
     skips: np.ndarray | None = None,
     *,
-    stop_at_exits: bool = False,
+    mode: int = PLAIN,
     end_states: bool = False,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(outcome int8 per token: ALLOWED / DEAD / AT_EXIT, end state per token or None) of the
-    sorted tokens ``positions``, each run from byte ``skips[k]`` (default 0) in state ``starts[k]``."""
+    sorted tokens ``positions``, each run from byte ``skips[k]`` (default 0) in state ``starts[k]``;
+    ``mode`` as for :func:`walk_trie` (AT_EXIT: stopped at, or died after, an exit configuration)."""
     positions = np.ascontiguousarray(positions, dtype=np.int32)
     n = len(positions)
     starts = np.ascontiguousarray(starts, dtype=np.int32)
@@ -339,7 +357,7 @@ def check_tokens(
     if n:
         with source.lock:
             status = _check_kernel(source.core, trie.flat, trie.sorted_offset, trie.sorted_len, positions, starts, skips,
-                                   stop_at_exits, out, ends, end_states)
+                                   mode, out, ends, end_states)
         source.check_status(int(status))
     return out, (ends if end_states else None)
 

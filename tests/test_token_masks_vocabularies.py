@@ -193,5 +193,24 @@ def test_key_positions_of_a_long_object_share_their_parts(qwen2_vocab, monkeypat
     _key_walk(compiled, names[:4], _reference(vocab))
     calls.update(parts=0, walks=0)
     _key_walk_from(compiled, names, 4, _reference(vocab))
-    assert compiled.masks.routes["truncated"] >= 3 * len(names), compiled.masks.routes
+    routes = compiled.masks.routes
+    assert routes["truncated"] >= 3 * len(names), routes
+    # Key prefixes over the hole come from the free key's part ("sibling part"), and the free
+    # key's part itself from the shared string-region split ("region part").
+    assert routes["sibling part"] >= 4 and routes["region part"] >= 1, routes
     assert calls["parts"] > 100 and calls["walks"] * 3 < calls["parts"], calls
+
+
+@pytest.mark.parametrize("vocab_name", ["smollm2_vocab", "qwen2_vocab"])
+def test_sibling_route_equals_reference(vocab_name, request):
+    """A regular grammar whose states are a free line with a few bytes spelling a literal
+    beside it: their masks come from the free line's mask, corrected on those first bytes."""
+    vocab = request.getfixturevalue(vocab_name)
+    compiled = _compile("regex", r"x(?:[^\n]*|abc[0-9]+y|b[a-c]{2}é)\n", vocab)
+    ref = _reference(vocab)
+    for prefix in ("x", "xa", "xab", "xabc", "xb", "xbc", "xzz", "xa\u00e9"[:2], "xé"):
+        m = GrammarMatcher(compiled)
+        assert m.accept_bytes(prefix), prefix
+        assert np.array_equal(compiled.token_mask(m.state), ref.row(compiled.automaton, m.state)), prefix
+    assert compiled.masks.routes["sibling"] >= 3, compiled.masks.routes
+    assert _check_walks(compiled, vocab, seed=5, walks=3, steps=12, lean=b"abcx1y") > 10
