@@ -150,6 +150,15 @@ class LazyAutomaton:
         self.check_status(int(status))
         return parts
 
+    def differing_bytes(self, state: int, other: int, depth: int, max_pairs: int = 2048) -> np.ndarray:
+        """Bytes on which ``state`` and ``other`` lead to states not shown to agree: equal, or
+        both dead, on every byte string within ``depth`` bytes, through equal exit flags (at most
+        ``max_pairs`` pairs of states examined; past that, the bytes count as differing)."""
+        with self.lock:
+            out, status = det.differing_bytes(self.core, state, other, depth, max_pairs)
+        self.check_status(int(status))
+        return out
+
     # ------------------------------------------------------------------ introspection
     def frame(self, nid: int) -> tuple[int, tuple[int, ...]]:
         """(NFA state, parent node ids and bottom markers) of stack node ``nid``."""

@@ -691,3 +691,73 @@ def split_config(c, cfg):  # pragma: no cover
             return out[:0], part
         out[i] = part
     return out, 0
+
+
+# ---------------------------------------------------------------------------------- siblings
+
+
+@njit(cache=True, nogil=True)
+def _agree(c, x, y, depth, budget):  # pragma: no cover
+    """1 when every byte string leads ``x`` and ``y`` to one state (or both to dead ones) within
+    ``depth`` bytes, through states with equal exit flags; 0 when not shown; < 0 a status.
+    ``budget[0]``: state pairs left to examine (exhausted: 0)."""
+    stack = np.empty((64, 3), np.int64)
+    stack[0, 0], stack[0, 1], stack[0, 2] = x, y, depth
+    n = 1
+    while n > 0:
+        n -= 1
+        a, b, d = stack[n, 0], stack[n, 1], stack[n, 2]
+        if a == b:
+            continue
+        budget[0] -= 1
+        if d == 0 or a < 0 or b < 0 or budget[0] < 0 or c.exits[a] != c.exits[b]:
+            return 0
+        status = expand_row(c, a)
+        if status < 0:
+            return status
+        status = expand_row(c, b)
+        if status < 0:
+            return status
+        last_a, last_b = -5, -5
+        for byte in range(256):
+            ta, tb = c.table[a, byte], c.table[b, byte]
+            if (ta < 0) != (tb < 0):
+                return 0
+            if ta != tb and (ta != last_a or tb != last_b):
+                if n == stack.shape[0]:
+                    grown = np.empty((2 * n, 3), np.int64)
+                    grown[:n] = stack[:n]
+                    stack = grown
+                stack[n, 0], stack[n, 1], stack[n, 2] = ta, tb, d - 1
+                n += 1
+                last_a, last_b = ta, tb
+    return 1
+
+
+@njit(cache=True, nogil=True)
+def differing_bytes(c, s, f, depth, max_pairs):  # pragma: no cover
+    """(bytes on which ``s`` and ``f`` lead to states that do not agree within ``depth`` bytes,
+    status): only tokens starting with one of them can walk differently from the two."""
+    out = np.empty(256, np.int64)
+    no = 0
+    status = expand_row(c, s)
+    if status < 0:
+        return out[:0], status
+    status = expand_row(c, f)
+    if status < 0:
+        return out[:0], status
+    budget = np.full(1, max_pairs, np.int64)
+    last_a, last_b, last_ok = -5, -5, 1
+    for byte in range(256):
+        ta, tb = c.table[s, byte], c.table[f, byte]
+        if ta == tb:
+            continue
+        if ta != last_a or tb != last_b:
+            last_ok = _agree(c, ta, tb, depth, budget)
+            if last_ok < 0:
+                return out[:0], last_ok
+            last_a, last_b = ta, tb
+        if last_ok == 0:
+            out[no] = byte
+            no += 1
+    return out[:no], 0

@@ -367,44 +367,10 @@ def _sibling_of(automaton, state: int) -> tuple[int, np.ndarray] | None:
         return None
     targets, counts = np.unique(live, return_counts=True)
     sibling = int(targets[np.argmax(counts)])
-    if sibling == state or automaton.exits[sibling] != automaton.exits[state]:
+    exits = automaton.exits
+    if sibling == state or exits[sibling] != exits[state]:
         return None
-    return sibling, _differing_bytes(automaton, row, sibling)
-
-
-def _differing_bytes(automaton, row: np.ndarray, sibling: int) -> np.ndarray:
-    """Bytes on which ``row`` and the sibling's row lead to states that do not agree (see
-    ``SIBLING_AGREE_DEPTH``): only tokens starting with one of them can be allowed differently."""
-    automaton.expand(sibling)
-    other = automaton.table[sibling]
-    differ = np.flatnonzero(other != row)
-    memo: dict[tuple[int, int], bool] = {}
-    verdicts = {pair: _agree(automaton, *pair, SIBLING_AGREE_DEPTH, memo)
-                for pair in set(zip(row[differ].tolist(), other[differ].tolist()))}
-    return np.array([b for b in differ.tolist() if not verdicts[(int(row[b]), int(other[b]))]], dtype=np.int64)
-
-
-def _agree(automaton, x: int, y: int, depth: int, memo: dict) -> bool:
-    """True when every byte string leads ``x`` and ``y`` to equal states, or both to dead ones,
-    within ``depth`` bytes, through states with equal exit flags (a sufficient test that every
-    token walks alike from both, truncated walks included)."""
-    if x == y:
-        return True
-    if depth == 0 or x < 0 or y < 0 or automaton.exits[x] != automaton.exits[y]:
-        return False
-    key = (x, y)
-    if key in memo:
-        return memo[key]
-    memo[key] = False  # a cycle of unequal states does not count as agreeing
-    automaton.expand(x)
-    automaton.expand(y)
-    rx, ry = automaton.table[x], automaton.table[y]
-    if not np.array_equal(rx < 0, ry < 0):
-        return False
-    d = rx != ry
-    ok = all(_agree(automaton, a, b, depth - 1, memo) for a, b in set(zip(rx[d].tolist(), ry[d].tolist())))
-    memo[key] = ok
-    return ok
+    return sibling, automaton.differing_bytes(state, sibling, SIBLING_AGREE_DEPTH)
 
 
 def _reachable_states(automaton, max_states: int, deadline: float) -> list[int] | None:
