@@ -147,6 +147,7 @@ def test_mask_kernels_release_the_gil():
     from grammar import determinizer, token_walk
 
     kernels = [token_walk._walk_kernel, token_walk._check_kernel, token_walk.set_token_bits, token_walk.range_positions,
-               token_walk._copy_duplicates, determinizer.expand_row, determinizer.step_bytes, determinizer.truncate]
+               token_walk._copy_duplicates, determinizer.expand_row, determinizer.step_bytes, determinizer.truncate,
+               determinizer.split_config, determinizer.differing_bytes]
     for kernel in kernels:
         assert kernel.targetoptions.get("nogil") is True, kernel.py_func.__name__
