@@ -51,6 +51,8 @@ class CompiledGrammar:
         self.kind = kind
         self.source = source
         self.vocabulary_masks = vocabulary_masks(vocab)  # per vocabulary, outside the budget (see api)
+        if grammar.check is not None:
+            grammar.check.prepare(vocab.token_bytes)  # its per-vocabulary indexes, built once
         with compile_deadline(self.budget.max_compile_seconds, self.budget.max_nesting_depth):
             self.nfa = build_nfa(grammar, self.budget.max_nfa_states)
             check_deadline("building the automaton")

@@ -17,6 +17,10 @@ import numpy as np
 
 
 class TextCheck(Protocol):
+    def prepare(self, token_bytes: list[bytes]) -> None:
+        """Build what ``banned`` needs per vocabulary (called when a grammar is compiled for
+        it, so the first mask does not pay for it)."""
+
     def start(self) -> Any:
         """The state before any text."""
 

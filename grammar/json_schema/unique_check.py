@@ -121,6 +121,11 @@ class UniqueItemsCheck:
         return any(self._nodes[n].unique for n in nodes)
 
     # -- TextCheck
+    def prepare(self, token_bytes: list[bytes]) -> None:
+        byte_index(token_bytes)
+        closing_index(token_bytes)
+        closing_more(token_bytes)
+
     def start(self) -> ScanState:
         return ScanState()
 

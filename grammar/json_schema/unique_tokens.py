@@ -51,7 +51,14 @@ def byte_index(token_bytes: list[bytes]) -> dict[int, np.ndarray]:
         hit = _INDEX.get(id(token_bytes))
         if hit is not None and hit[0] is token_bytes:
             return hit[1]
-    index = {b: np.fromiter((b in t for t in token_bytes), dtype=bool, count=len(token_bytes)) for b in b'",]}el \t\n\r'}
+    lengths = np.fromiter((len(t) for t in token_bytes), dtype=np.int64, count=len(token_bytes))
+    flat = np.frombuffer(b"".join(token_bytes), dtype=np.uint8)
+    owner = np.repeat(np.arange(len(token_bytes)), lengths)  # the token of each byte of ``flat``
+    index = {}
+    for b in b'",]}el \t\n\r':
+        has = np.zeros(len(token_bytes), dtype=bool)
+        has[owner[flat == b]] = True
+        index[b] = has
     with _INDEX_LOCK:
         _INDEX[id(token_bytes)] = (token_bytes, index)
     return index
