@@ -34,6 +34,10 @@ from .token_walk import (
 )
 from .vocab import TokenVocabulary
 
+# States of a recursive grammar nested deeper than this try truncation from KEEP_DEEP_FRAMES top
+# frames on (see _first_cut).
+TRUNCATE_DEEP_ABOVE = 3
+KEEP_DEEP_FRAMES = 2
 # A state inside called rules shares the mask of its top frames (the fewest that leave at most
 # MAX_UNCERTAIN_SHARE of the vocabulary to be checked against the stack below them).
 MAX_UNCERTAIN_SHARE = 0.1
@@ -90,7 +94,7 @@ def _warm_up(shared: VocabularyMasks) -> None:
                                            ir.seq(ir.literal("["), ir.Ref("root"), ir.literal("]")))})
     nfa = build_nfa(nested)
     automaton = LazyAutomaton(nfa)
-    masks = GrammarMasks(automaton, shared, cache_bytes=1 << 20)
+    masks = GrammarMasks(automaton, shared, recursive=nfa.recursive, cache_bytes=1 << 20)
     for prefix in (b"", b'"', b"[[[[[", b'[[[[["'):
         state = automaton.step_bytes(automaton.initial_state, prefix)
         masks.compute(state)
@@ -110,10 +114,11 @@ class TruncatedMask:
 class GrammarMasks:
     """Packed mask rows (int32, EOS included) of one grammar's automaton states."""
 
-    def __init__(self, automaton, shared: VocabularyMasks, *, cache_bytes: int) -> None:
+    def __init__(self, automaton, shared: VocabularyMasks, *, recursive: bool, cache_bytes: int) -> None:
         self.automaton = automaton
         self.shared = shared
         self.trie = shared.trie
+        self.recursive = recursive
         self._rows: ByteLRU[np.ndarray] = ByteLRU(cache_bytes, lambda row: row.nbytes + 64)
         self._truncated: ByteLRU[TruncatedMask | bool] = ByteLRU(
             max(cache_bytes // 4, 1 << 20), lambda t: 64 if isinstance(t, bool) else t.bits.nbytes + t.uncertain.nbytes
@@ -148,8 +153,9 @@ class GrammarMasks:
             # Truncation first: its parts are shared by every stack a node occurs under; the
             # sibling's mask is the real state's own (a key prefix under ten object positions
             # would otherwise recompute the free key's mask ten times).
-            if self._may_truncate(state):
-                bits, route = self._truncated_mask(state), "truncated"
+            first_cut = self._first_cut(state)
+            if first_cut is not None:
+                bits, route = self._truncated_mask(state, first_cut), "truncated"
             if bits is None and via_sibling:
                 bits, route = self._sibling_mask(state), "sibling"
         if bits is None:
@@ -197,10 +203,25 @@ class GrammarMasks:
         return bits
 
     # ------------------------------------------------------------------ truncated states
-    def _may_truncate(self, state: int) -> bool:
-        return self._truncation_useful and self.automaton.max_depth(state) > 1
+    def _first_cut(self, state: int) -> int | None:
+        """How many top frames a truncation of ``state`` keeps first, or None to walk it whole.
+        Wide states inside called rules (a key or a string under any object position: a walk
+        of them costs most of the vocabulary) start from their top frame alone, the most shared
+        part; deep states of a recursive grammar (nesting repeats the same top frames) from two,
+        which seldom leak. A narrow shallow state walks faster than its truncation is built."""
+        if not self._truncation_useful:
+            return None
+        depth = self.automaton.max_depth(state)
+        if depth < 2:
+            return None
+        self.automaton.expand(state)
+        if int(np.count_nonzero(self.automaton.table[state] >= 0)) >= MIN_SIBLING_LIVE_BYTES:
+            return 1
+        if depth > TRUNCATE_DEEP_ABOVE and self.recursive:
+            return KEEP_DEEP_FRAMES
+        return None
 
-    def _truncated_mask(self, state: int) -> np.ndarray | None:
+    def _truncated_mask(self, state: int, first_cut: int = 1) -> np.ndarray | None:
         """The mask of a state inside called rules from the shared mask of its top frames (see
         ``LazyAutomaton.truncate``): what the top frames accept is allowed whatever lies below;
         the tokens they reject after a possible pop into the hole are checked against the real
@@ -208,11 +229,11 @@ class GrammarMasks:
         any object position, a value inside any array), then more while too many tokens would
         need that check. None when no truncation pays."""
         automaton = self.automaton
-        for keep in range(1, automaton.max_depth(state)):
+        for keep in range(first_cut, automaton.max_depth(state)):
             top = automaton.truncate(state, keep)
             entry = self._truncated.get(top)
             if entry is None:
-                entry = self._truncated.put(top, self._shared_top(top))
+                entry = self._truncated.put(top, self._shared_top(top, split=first_cut == 1))
             if entry is not False:
                 break
         else:
@@ -227,10 +248,10 @@ class GrammarMasks:
             add_duplicates(self.trie, bits)
         return bits
 
-    def _shared_top(self, top: int) -> TruncatedMask | bool:
+    def _shared_top(self, top: int, *, split: bool = True) -> TruncatedMask | bool:
         """The shared mask of a truncated configuration: the union of its nodes' parts when it
         has several (each part cached on its own), else one walk. False when it leaks."""
-        parts = self.automaton.split(top) if self.automaton.config_size(top) > 1 else None
+        parts = self.automaton.split(top) if split and self.automaton.config_size(top) > 1 else None
         if parts is None or len(parts) > MAX_SPLIT_PARTS:
             return self._walk_top(top)
         entries = []
