@@ -175,6 +175,17 @@ class GrammarMasks:
         return region
 
     # ------------------------------------------------------------------ sibling states
+    def _sibling_of(self, state: int) -> tuple[int, np.ndarray] | None:
+        """(sibling, differing bytes) when the tokens starting with those bytes are a small
+        enough part of the trie to walk, else None."""
+        found = _sibling_of(self.automaton, state)
+        if found is None:
+            return None
+        spans = self.trie.first_byte_nodes[found[1]]
+        if int((spans[:, 1] - spans[:, 0]).sum()) > MAX_SIBLING_WALK_SHARE * len(self.trie.words):
+            return None
+        return found
+
     def _sibling_mask(self, state: int) -> np.ndarray | None:
         """The mask of a wide state from the mask of the state most of its bytes lead to, when
         that state's row agrees with this one on all but a few bytes: tokens starting with an
@@ -184,13 +195,10 @@ class GrammarMasks:
         named ones; its mask is the free key's, corrected on those first bytes. None when no
         such sibling exists."""
         automaton = self.automaton
-        found = _sibling_of(automaton, state)
+        found = self._sibling_of(state)
         if found is None:
             return None
         sibling, differ = found
-        spans = self.trie.first_byte_nodes[differ]
-        if int((spans[:, 1] - spans[:, 0]).sum()) > MAX_SIBLING_WALK_SHARE * len(self.trie.words):
-            return None
         base = self._rows.get(sibling)
         if base is None:
             # The sibling's own mask takes any route but this one (no chains of siblings).
@@ -285,13 +293,10 @@ class GrammarMasks:
         """A truncated part's mask from its sibling part's (see :meth:`_sibling_mask`): a key
         prefix over the hole from the free key over the hole, walked once per grammar."""
         automaton = self.automaton
-        found = _sibling_of(automaton, top)
+        found = self._sibling_of(top)
         if found is None:
             return None
         sibling, differ = found
-        spans = self.trie.first_byte_nodes[differ]
-        if int((spans[:, 1] - spans[:, 0]).sum()) > MAX_SIBLING_WALK_SHARE * len(self.trie.words):
-            return None
         base = self._truncated.get(sibling)
         if base is None:
             base = self._truncated.put(sibling, self._plain_top(sibling, limit))
