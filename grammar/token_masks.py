@@ -94,13 +94,14 @@ def _warm_up(shared: VocabularyMasks) -> None:
                                            ir.seq(ir.literal("["), ir.Ref("root"), ir.literal("]")))})
     nfa = build_nfa(nested)
     automaton = LazyAutomaton(nfa)
-    masks = GrammarMasks(automaton, shared, recursive=nfa.recursive, cache_bytes=1 << 20)
+    masks = GrammarMasks(automaton, shared, recursive=nfa.recursive, nested=True, cache_bytes=1 << 20)
     for prefix in (b"", b'"', b"[[[[[", b'[[[[["'):
         state = automaton.step_bytes(automaton.initial_state, prefix)
         masks.compute(state)
     masks.allowed_with_end_states(automaton.initial_state)
     automaton.split(automaton.initial_state)
     walk_trie(shared.trie, automaton, automaton.initial_state, first_bytes=np.array([ord("[")]))
+    automaton.differing_bytes(automaton.initial_state, automaton.step_bytes(automaton.initial_state, b"["), 2)
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,11 +115,12 @@ class TruncatedMask:
 class GrammarMasks:
     """Packed mask rows (int32, EOS included) of one grammar's automaton states."""
 
-    def __init__(self, automaton, shared: VocabularyMasks, *, recursive: bool, cache_bytes: int) -> None:
+    def __init__(self, automaton, shared: VocabularyMasks, *, recursive: bool, nested: bool, cache_bytes: int) -> None:
         self.automaton = automaton
         self.shared = shared
         self.trie = shared.trie
         self.recursive = recursive
+        self.nested = nested  # some rule is called (not inlined): stacks deeper than one exist
         self._rows: ByteLRU[np.ndarray] = ByteLRU(cache_bytes, lambda row: row.nbytes + 64)
         self._truncated: ByteLRU[TruncatedMask | bool] = ByteLRU(
             max(cache_bytes // 4, 1 << 20), lambda t: 64 if isinstance(t, bool) else t.bits.nbytes + t.uncertain.nbytes
@@ -217,7 +219,7 @@ class GrammarMasks:
         of them costs most of the vocabulary) start from their top frame alone, the most shared
         part; deep states of a recursive grammar (nesting repeats the same top frames) from two,
         which seldom leak. A narrow shallow state walks faster than its truncation is built."""
-        if not self._truncation_useful:
+        if not (self.nested and self._truncation_useful):
             return None
         depth = self.automaton.max_depth(state)
         if depth < 2:
@@ -385,7 +387,8 @@ class GrammarMasks:
 
 def _sibling_of(automaton, state: int) -> tuple[int, np.ndarray] | None:
     """(the state most of ``state``'s live bytes lead to, the bytes on which the two differ), or
-    None for a narrow state, a state that mostly loops, or flags that differ."""
+    None for a narrow state, a state that mostly loops, flags that differ, or rows that agree
+    on fewer than half of the live bytes."""
     automaton.expand(state)
     row = automaton.table[state]
     live = row[row >= 0]
@@ -396,6 +399,9 @@ def _sibling_of(automaton, state: int) -> tuple[int, np.ndarray] | None:
     exits = automaton.exits
     if sibling == state or exits[sibling] != exits[state]:
         return None
+    automaton.expand(sibling)
+    if 2 * int(np.count_nonzero(automaton.table[sibling] == row)) < len(live):
+        return None  # most bytes lead elsewhere from the two (a counted repeat): not a sibling
     return sibling, automaton.differing_bytes(state, sibling, SIBLING_AGREE_DEPTH)
 
 
