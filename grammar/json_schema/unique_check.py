@@ -156,6 +156,11 @@ class UniqueItemsCheck:
         has = byte_index(token_bytes)
         mask = np.zeros(len(allowed), dtype=bool)
         for b in _enders(state.mode):
+            if b == ord('"') and state.mode != STRING:
+                # Outside a string, a string item completes only if the token both opens and
+                # closes it: one quote alone cannot complete anything here.
+                mask |= closing_more(token_bytes)[allowed] & has[b][allowed]
+                continue
             mask |= has[b][allowed]
         out = [t for t in allowed[mask].tolist() if self.feed(state, token_bytes[t]) is None]
         return np.array(out, dtype=np.int64)
