@@ -150,7 +150,7 @@ class LazyAutomaton:
         self.check_status(int(status))
         return parts
 
-    def differing_bytes(self, state: int, other: int, depth: int, max_pairs: int = 2048) -> np.ndarray:
+    def differing_bytes(self, state: int, other: int, depth: int, max_pairs: int = 512) -> np.ndarray:
         """Bytes on which ``state`` and ``other`` lead to states not shown to agree: equal, or
         both dead, on every byte string within ``depth`` bytes, through equal exit flags (at most
         ``max_pairs`` pairs of states examined; past that, the bytes count as differing)."""

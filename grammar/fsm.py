@@ -86,7 +86,7 @@ class NFAArrays:
     @classmethod
     def of(cls, nfa: "ByteNFA") -> "NFAArrays":
         e_ptr, edges = _csr(nfa.byte_edges, 3)
-        eps_ptr, eps = _csr([[(t,) for t in e] for e in nfa.eps], 1)
+        eps_ptr, eps = _csr(nfa.eps, 1)
         call_ptr, calls = _csr(nfa.calls, 2)
         final_rule = np.array(nfa.final_rule, dtype=np.int32)
         has_edges = np.diff(e_ptr) > 0
@@ -99,10 +99,15 @@ class NFAArrays:
 
 
 def _csr(rows, width: int) -> tuple[np.ndarray, np.ndarray]:
-    lengths = np.fromiter((len(r) for r in rows), dtype=np.int32, count=len(rows))
+    """Row pointers and the rows' items as an [n, width] array; items are ints (width 1) or
+    tuples of ``width`` ints."""
+    lengths = np.fromiter(map(len, rows), dtype=np.int32, count=len(rows))
     ptr = np.zeros(len(rows) + 1, dtype=np.int32)
     np.cumsum(lengths, out=ptr[1:])
-    flat = np.array([x for r in rows for x in r], dtype=np.int32).reshape(-1, width)
+    items = itertools.chain.from_iterable(rows)
+    if width > 1:
+        items = itertools.chain.from_iterable(items)
+    flat = np.fromiter(items, dtype=np.int32, count=int(ptr[-1]) * width).reshape(-1, width)
     return ptr, flat
 
 
