@@ -99,13 +99,25 @@ def _ecma_regex(text: object) -> bool:
     return True
 
 
+_META_VALIDATORS: dict[type, Any] = {}
+
+
+def _meta_validator(cls: type) -> Any:
+    """One metaschema validator per draft (with ECMA regexes), kept: building it afresh for every
+    schema also threw away the resolved references into the metaschema's vocabularies. A
+    validator is immutable, so threads share it (a race builds two; either serves)."""
+    meta = _META_VALIDATORS.get(cls)
+    if meta is None:
+        checker = copy.copy(cls.FORMAT_CHECKER)
+        checker.checkers = dict(checker.checkers)
+        checker.checkers["regex"] = (_ecma_regex, ())
+        meta = _META_VALIDATORS[cls] = cls(cls.META_SCHEMA, format_checker=checker)
+    return meta
+
+
 def _check_schema(cls: type, schema: object) -> js_exceptions.SchemaError | None:
     """The best metaschema error of ``schema`` (None if valid), with ECMA regexes."""
-    checker = copy.copy(cls.FORMAT_CHECKER)
-    checker.checkers = dict(checker.checkers)
-    checker.checkers["regex"] = (_ecma_regex, ())
-    meta = cls(cls.META_SCHEMA, format_checker=checker)
-    error = js_exceptions.best_match(meta.iter_errors(schema))
+    error = js_exceptions.best_match(_meta_validator(cls).iter_errors(schema))
     if error is None:
         return None
     return js_exceptions.SchemaError.create_from(error)
