@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .token_trie import TokenTrie
-from .token_walk import ALLOWED, STOP_AT_EXITS, StaticTable, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie
+from .token_walk import ALLOWED, AT_EXIT, PLAIN, STOP_AT_EXITS, StaticTable, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie
 
 # A state is string-like when it loops on at least this many bytes...
 MIN_LOOP_BYTES = 64
@@ -131,12 +131,16 @@ def split_region(trie: TokenTrie, region: Region) -> RegionSplit:
     return RegionSplit(True, walk.bits, pos, start, offset)
 
 
-def region_mask(trie: TokenTrie, automaton, region: Region, split: RegionSplit) -> np.ndarray:
-    """Packed allowed tokens (uint32, EOS excluded) of ``region``'s state from its shape's split:
-    the inside row plus the leaving tokens that survive from the real region states."""
+def region_mask(trie: TokenTrie, automaton, region: Region, split: RegionSplit, *, mode: int = PLAIN) -> tuple[np.ndarray, np.ndarray]:
+    """(packed allowed tokens, uint32, EOS excluded; sorted positions of the leaving tokens that
+    died after an exit) of ``region``'s state from its shape's split: the inside row plus the
+    leaving tokens that survive from the region's states. ``mode`` DEAD_AFTER_EXITS for a
+    truncated region (see ``token_walk``); the second array is empty otherwise."""
     bits = split.inside.copy()
+    uncertain = np.zeros(0, dtype=np.int32)
     if len(split.exit_pos):
-        outcome, _ = check_tokens(trie, automaton, split.exit_pos, region.states[split.exit_from], split.exit_offset)
+        outcome, _ = check_tokens(trie, automaton, split.exit_pos, region.states[split.exit_from], split.exit_offset, mode=mode)
         set_token_bits(bits, trie.sorted_ids[split.exit_pos[outcome == ALLOWED]])
+        uncertain = split.exit_pos[outcome == AT_EXIT].astype(np.int32)
     add_duplicates(trie, bits)
-    return bits
+    return bits, uncertain

@@ -30,7 +30,7 @@ from .lru import ByteLRU
 from .regions import Region, RegionSplit, find_region, region_mask, split_region
 from .token_trie import TokenTrie
 from .token_walk import (
-    ALLOWED, AT_EXIT, DEAD_AFTER_EXITS, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie,
+    ALLOWED, DEAD_AFTER_EXITS, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie,
 )
 from .vocab import TokenVocabulary
 
@@ -150,7 +150,7 @@ class GrammarMasks:
         if region is not None:
             split = self.shared.split_for(region)
             if split.worth_it:
-                bits, route = region_mask(self.trie, self.automaton, region, split), "region"
+                bits, route = region_mask(self.trie, self.automaton, region, split)[0], "region"
         else:
             # Truncation first: its parts are shared by every stack a node occurs under; the
             # sibling's mask is the real state's own (a key prefix under ten object positions
@@ -340,18 +340,11 @@ class GrammarMasks:
         shared split, and its leaving tokens checked from the part's states, those dying after
         a pop into the hole being the uncertain ones. (No state of the region may exit: the
         tokens inside it never meet the hole.)"""
-        bits = split.inside.copy()
-        uncertain = np.zeros(0, dtype=np.int32)
-        if len(split.exit_pos):
-            outcome, _ = check_tokens(self.trie, self.automaton, split.exit_pos, region.states[split.exit_from],
-                                      split.exit_offset, mode=DEAD_AFTER_EXITS)
-            set_token_bits(bits, self.trie.sorted_ids[split.exit_pos[outcome == ALLOWED]])
-            uncertain = split.exit_pos[outcome == AT_EXIT]
+        bits, uncertain = region_mask(self.trie, self.automaton, region, split, mode=DEAD_AFTER_EXITS)
         if len(uncertain) > limit:
             return False
-        add_duplicates(self.trie, bits)
         self.routes["region part"] += 1
-        return TruncatedMask(bits, uncertain.astype(np.int32))
+        return TruncatedMask(bits, uncertain)
 
     def _count_truncation(self, useful: bool) -> None:
         with self._lock:
