@@ -57,12 +57,15 @@ _FIELDS = [
     "max_states", "max_depth", "max_closure",
     # stack nodes
     "node_q", "node_ps", "node_depth", "n_nodes", "nmap_keys", "nmap_vals", "nmap_n",
+    "nmap_old_keys", "nmap_old_vals", "nmap_moved",
     # parent sets
     "ps_start", "ps_len", "ps_depth", "n_ps", "ps_pool", "ps_pool_n", "psmap_keys", "psmap_vals", "psmap_n",
+    "psmap_old_keys", "psmap_old_vals", "psmap_moved",
     # closures, per node
     "clo_start", "clo_len", "clo_flags", "clo_pool", "clo_pool_n",
     # configurations
     "cfg_start", "cfg_len", "n_cfg", "cfg_pool", "cfg_pool_n", "cmap_keys", "cmap_vals", "cmap_n",
+    "cmap_old_keys", "cmap_old_vals", "cmap_moved",
     "accepting", "exits", "table",
     # scratch: visit marks per node
     "mark", "mark_gen",
@@ -87,31 +90,64 @@ def _mix(key):  # pragma: no cover
     return np.int64(h >> np.uint64(1))
 
 
+# Growth allocates without initializing and fills only the new tail where a fill value means
+# something: a fill of the whole new array would touch (page-fault) every page of it at once,
+# tens of milliseconds inside one mask for an automaton of 100k configurations.
 @njit(cache=True, nogil=True)
 def _grow_int32(a, need, fill):  # pragma: no cover
-    new = np.full(max(need, 2 * a.shape[0]), fill, dtype=np.int32)
+    new = np.empty(max(need, 2 * a.shape[0]), dtype=np.int32)
     new[: a.shape[0]] = a
+    new[a.shape[0]:] = fill
     return new
 
 
 @njit(cache=True, nogil=True)
 def _grow_int64(a, need, fill):  # pragma: no cover
-    new = np.full(max(need, 2 * a.shape[0]), fill, dtype=np.int64)
+    new = np.empty(max(need, 2 * a.shape[0]), dtype=np.int64)
     new[: a.shape[0]] = a
+    new[a.shape[0]:] = fill
     return new
 
 
 @njit(cache=True, nogil=True)
 def _grow_int8(a, need):  # pragma: no cover
-    new = np.zeros(max(need, 2 * a.shape[0]), dtype=np.int8)
+    new = np.empty(max(need, 2 * a.shape[0]), dtype=np.int8)
     new[: a.shape[0]] = a
+    new[a.shape[0]:] = 0
     return new
 
 
 @njit(cache=True, nogil=True)
 def _grow_bool(a, need):  # pragma: no cover
-    new = np.zeros(max(need, 2 * a.shape[0]), dtype=np.bool_)
+    new = np.empty(max(need, 2 * a.shape[0]), dtype=np.bool_)
     new[: a.shape[0]] = a
+    new[a.shape[0]:] = False
+    return new
+
+
+@njit(cache=True, nogil=True)
+def _grow_pool(a, need):  # pragma: no cover
+    """A pool (runs of ids addressed by start and length) grows without a fill: only written
+    cells are ever read."""
+    new = np.empty(max(need, 2 * a.shape[0]), dtype=np.int32)
+    new[: a.shape[0]] = a
+    return new
+
+
+# Past this many rows the table reserves its whole budget at once: the reservation is address
+# space only (the allocator maps it without touching it, and rows are initialized as
+# configurations appear), so no later growth copies a table of tens of megabytes in one mask.
+TABLE_RESERVE_FROM = 4096
+TABLE_RESERVE_ROWS = 1 << 18
+
+
+@njit(cache=True, nogil=True)
+def _grow_table(table, n_used, max_states):  # pragma: no cover
+    cap = 2 * table.shape[0]
+    if cap > TABLE_RESERVE_FROM:
+        cap = max(cap, min(max_states, TABLE_RESERVE_ROWS))
+    new = np.empty((cap, 256), np.int32)
+    new[:n_used] = table[:n_used]
     return new
 
 
@@ -150,12 +186,12 @@ def new_core(e_ptr, e_lo, e_hi, e_dst, eps_ptr, eps_dst, call_ptr, call_callee, 
         tail_ret, has_edges,
         max_states, max_depth, max_closure,
         np.zeros(cap, np.int32), np.zeros(cap, np.int32), np.zeros(cap, np.int32), 0,
-        np.zeros(2 * cap, np.int64), np.full(2 * cap, -1, np.int32), 0,
+        np.zeros(2 * cap, np.int64), np.full(2 * cap, -1, np.int32), 0, np.zeros(1, np.int64), np.full(1, -1, np.int32), 0,
         np.zeros(cap, np.int64), np.zeros(cap, np.int32), np.zeros(cap, np.int32), 0, np.zeros(4 * cap, np.int32), 0,
-        np.zeros(2 * cap, np.int64), np.full(2 * cap, -1, np.int32), 0,
+        np.zeros(2 * cap, np.int64), np.full(2 * cap, -1, np.int32), 0, np.zeros(1, np.int64), np.full(1, -1, np.int32), 0,
         np.full(cap, -1, np.int64), np.zeros(cap, np.int32), np.zeros(cap, np.int8), np.zeros(4 * cap, np.int32), 0,
         np.zeros(cap, np.int64), np.zeros(cap, np.int32), 0, np.zeros(4 * cap, np.int32), 0,
-        np.zeros(2 * cap, np.int64), np.full(2 * cap, -1, np.int32), 0,
+        np.zeros(2 * cap, np.int64), np.full(2 * cap, -1, np.int32), 0, np.zeros(1, np.int64), np.full(1, -1, np.int32), 0,
         np.zeros(cap, np.bool_), np.zeros(cap, np.bool_), np.full((cap, 256), UNEXPANDED, np.int32),
         np.zeros(cap, np.int32), 0,
     )
@@ -196,35 +232,77 @@ def core_arrays(c):  # pragma: no cover
 # ---------------------------------------------------------------------------------- interning
 
 
+# The three maps (stack nodes, parent sets, configurations) are open-addressing hash tables kept
+# at most half full. Doubling one moves its entries over the next inserts, a few slots each,
+# instead of all at once: a map of 300k nodes took 30 ms to rehash, inside one mask. While a
+# move is under way a lookup probes the new table, then the old one; when none is, the old
+# table is a one-slot empty table, so the second probe costs one read.
+_MOVE_PER_INSERT = 8
+
+
 @njit(cache=True, nogil=True)
-def _rehash_nodes(c):  # pragma: no cover
-    cap = 2 * c.nmap_keys.shape[0]
-    keys = np.zeros(cap, np.int64)
-    vals = np.full(cap, -1, np.int32)
-    mask = cap - 1
-    for nid in range(c.n_nodes):
-        key = (np.int64(c.node_q[nid]) << 32) | np.int64(c.node_ps[nid])
-        h = _mix(key) & mask
-        while vals[h] != -1:
-            h = (h + 1) & mask
-        keys[h] = key
-        vals[h] = nid
-    c.nmap_keys = keys
-    c.nmap_vals = vals
+def _move_entries(keys, vals, old_keys, old_vals, moved, count):  # pragma: no cover
+    """Move old slots [moved, moved + count) into the new table; returns the new ``moved``."""
+    mask = keys.shape[0] - 1
+    end = min(moved + count, old_vals.shape[0])
+    for i in range(moved, end):
+        if old_vals[i] != -1:
+            h = _mix(old_keys[i]) & mask
+            while vals[h] != -1:
+                h = (h + 1) & mask
+            keys[h] = old_keys[i]
+            vals[h] = old_vals[i]
+    return end
+
+
+@njit(cache=True, nogil=True)
+def _advance_move(keys, vals, old_keys, old_vals, moved, count):  # pragma: no cover
+    """One step of a move under way: (old keys, old values, moved), the old table dropped at the end."""
+    if old_vals.shape[0] == 1:
+        return old_keys, old_vals, moved
+    moved = _move_entries(keys, vals, old_keys, old_vals, moved, count)
+    if moved == old_vals.shape[0]:
+        return np.zeros(1, np.int64), np.full(1, -1, np.int32), 0
+    return old_keys, old_vals, moved
+
+
+@njit(cache=True, nogil=True)
+def _begin_move(keys, vals, old_keys, old_vals, moved):  # pragma: no cover
+    """Double a map: (new keys, new values, old keys, old values, moved). A move still under way
+    (which the rate of _MOVE_PER_INSERT prevents) is finished first."""
+    if old_vals.shape[0] > 1:
+        _move_entries(keys, vals, old_keys, old_vals, moved, old_vals.shape[0])
+    cap = 2 * keys.shape[0]
+    return np.zeros(cap, np.int64), np.full(cap, -1, np.int32), keys, vals, 0
+
+
+@njit(cache=True, nogil=True)
+def _find_node(keys, vals, key):  # pragma: no cover
+    """(node id or -1, the free slot where the probe ended)."""
+    mask = keys.shape[0] - 1
+    h = _mix(key) & mask
+    while vals[h] != -1:
+        if keys[h] == key:
+            return vals[h], h
+        h = (h + 1) & mask
+    return -1, h
 
 
 @njit(cache=True, nogil=True)
 def intern_node(c, q, ps):  # pragma: no cover
     """Id of stack node (NFA state q, parent set ps); ERR_DEPTH past the depth budget."""
     if 2 * (c.nmap_n + 1) > c.nmap_keys.shape[0]:
-        _rehash_nodes(c)
+        c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _begin_move(
+            c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved)
+    c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _advance_move(
+        c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved, _MOVE_PER_INSERT)
     key = (np.int64(q) << 32) | np.int64(ps)
-    mask = c.nmap_keys.shape[0] - 1
-    h = _mix(key) & mask
-    while c.nmap_vals[h] != -1:
-        if c.nmap_keys[h] == key:
-            return c.nmap_vals[h]
-        h = (h + 1) & mask
+    found, h = _find_node(c.nmap_keys, c.nmap_vals, key)
+    if found >= 0:
+        return found
+    found, _ = _find_node(c.nmap_old_keys, c.nmap_old_vals, key)
+    if found >= 0:
+        return found
     depth = 1 + c.ps_depth[ps]
     if depth > c.max_depth:
         return ERR_DEPTH
@@ -248,50 +326,48 @@ def intern_node(c, q, ps):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def _rehash_sets(keys, vals, n_items, hashes):  # pragma: no cover
-    cap = 2 * keys.shape[0]
-    new_keys = np.zeros(cap, np.int64)
-    new_vals = np.full(cap, -1, np.int32)
-    mask = cap - 1
-    for i in range(n_items):
-        h = _mix(hashes[i]) & mask
-        while new_vals[h] != -1:
-            h = (h + 1) & mask
-        new_keys[h] = hashes[i]
-        new_vals[h] = i
-    return new_keys, new_vals
+def _find_run(keys, vals, key, pool, starts, lens, buf, n):  # pragma: no cover
+    """(id of the run equal to buf[:n] or -1, the free slot where the probe ended); keys are
+    the runs' hashes."""
+    mask = keys.shape[0] - 1
+    h = _mix(key) & mask
+    while vals[h] != -1:
+        i = vals[h]
+        if keys[h] == key and lens[i] == n:
+            start = starts[i]
+            same = True
+            for j in range(n):
+                if pool[start + j] != buf[j]:
+                    same = False
+                    break
+            if same:
+                return i, h
+        h = (h + 1) & mask
+    return -1, h
 
 
 @njit(cache=True, nogil=True)
 def intern_parents(c, buf, n):  # pragma: no cover
     """Id of the parent set buf[:n] (sorted, distinct)."""
     if 2 * (c.psmap_n + 1) > c.psmap_keys.shape[0]:
-        hashes = np.empty(c.n_ps, np.int64)
-        for i in range(c.n_ps):
-            hashes[i] = _hash_run(c.ps_pool, c.ps_start[i], c.ps_len[i], 0)
-        c.psmap_keys, c.psmap_vals = _rehash_sets(c.psmap_keys, c.psmap_vals, c.n_ps, hashes)
+        c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _begin_move(
+            c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved)
+    c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _advance_move(
+        c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved, _MOVE_PER_INSERT)
     key = _hash_run(buf, 0, n, 0)
-    mask = c.psmap_keys.shape[0] - 1
-    h = _mix(key) & mask
-    while c.psmap_vals[h] != -1:
-        ps = c.psmap_vals[h]
-        if c.psmap_keys[h] == key and c.ps_len[ps] == n:
-            start = c.ps_start[ps]
-            same = True
-            for i in range(n):
-                if c.ps_pool[start + i] != buf[i]:
-                    same = False
-                    break
-            if same:
-                return ps
-        h = (h + 1) & mask
+    found, h = _find_run(c.psmap_keys, c.psmap_vals, key, c.ps_pool, c.ps_start, c.ps_len, buf, n)
+    if found >= 0:
+        return found
+    found, _ = _find_run(c.psmap_old_keys, c.psmap_old_vals, key, c.ps_pool, c.ps_start, c.ps_len, buf, n)
+    if found >= 0:
+        return found
     ps = c.n_ps
     if ps == c.ps_start.shape[0]:
         c.ps_start = _grow_int64(c.ps_start, ps + 1, 0)
         c.ps_len = _grow_int32(c.ps_len, ps + 1, 0)
         c.ps_depth = _grow_int32(c.ps_depth, ps + 1, 0)
     if c.ps_pool_n + n > c.ps_pool.shape[0]:
-        c.ps_pool = _grow_int32(c.ps_pool, c.ps_pool_n + n, 0)
+        c.ps_pool = _grow_pool(c.ps_pool, c.ps_pool_n + n)
     depth = 0
     for i in range(n):
         c.ps_pool[c.ps_pool_n + i] = buf[i]
@@ -312,28 +388,17 @@ def intern_parents(c, buf, n):  # pragma: no cover
 def intern_config(c, buf, n, flags):  # pragma: no cover
     """Id of the configuration with kernel buf[:n] (sorted) and flags; ERR_STATES past budget."""
     if 2 * (c.cmap_n + 1) > c.cmap_keys.shape[0]:
-        hashes = np.empty(c.n_cfg, np.int64)
-        for i in range(c.n_cfg):
-            f = (1 if c.accepting[i] else 0) | (2 if c.exits[i] else 0)
-            hashes[i] = _hash_run(c.cfg_pool, c.cfg_start[i], c.cfg_len[i], f)
-        c.cmap_keys, c.cmap_vals = _rehash_sets(c.cmap_keys, c.cmap_vals, c.n_cfg, hashes)
+        c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _begin_move(
+            c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved)
+    c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _advance_move(
+        c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved, _MOVE_PER_INSERT)
     key = _hash_run(buf, 0, n, flags)
-    mask = c.cmap_keys.shape[0] - 1
-    h = _mix(key) & mask
-    while c.cmap_vals[h] != -1:
-        cid = c.cmap_vals[h]
-        if c.cmap_keys[h] == key and c.cfg_len[cid] == n:
-            f = (1 if c.accepting[cid] else 0) | (2 if c.exits[cid] else 0)
-            if f == flags:
-                start = c.cfg_start[cid]
-                same = True
-                for i in range(n):
-                    if c.cfg_pool[start + i] != buf[i]:
-                        same = False
-                        break
-                if same:
-                    return cid
-        h = (h + 1) & mask
+    found, h = _find_config(c, c.cmap_keys, c.cmap_vals, key, buf, n, flags)
+    if found >= 0:
+        return found
+    found, _ = _find_config(c, c.cmap_old_keys, c.cmap_old_vals, key, buf, n, flags)
+    if found >= 0:
+        return found
     cid = c.n_cfg
     if cid >= c.max_states:
         return ERR_STATES
@@ -342,13 +407,11 @@ def intern_config(c, buf, n, flags):  # pragma: no cover
         c.cfg_len = _grow_int32(c.cfg_len, cid + 1, 0)
         c.accepting = _grow_bool(c.accepting, cid + 1)
         c.exits = _grow_bool(c.exits, cid + 1)
-        # One pass over the new table (copy, then fill the rest), not a fill and a copy.
-        table = np.empty((2 * c.table.shape[0], 256), np.int32)
-        table[:cid] = c.table[:cid]
-        table[cid:] = UNEXPANDED
-        c.table = table
+    if cid == c.table.shape[0]:
+        c.table = _grow_table(c.table, cid, c.max_states)
+    c.table[cid, :] = UNEXPANDED  # rows are initialized one by one, as configurations appear
     if c.cfg_pool_n + n > c.cfg_pool.shape[0]:
-        c.cfg_pool = _grow_int32(c.cfg_pool, c.cfg_pool_n + n, 0)
+        c.cfg_pool = _grow_pool(c.cfg_pool, c.cfg_pool_n + n)
     for i in range(n):
         c.cfg_pool[c.cfg_pool_n + i] = buf[i]
     c.cfg_start[cid] = c.cfg_pool_n
@@ -361,6 +424,29 @@ def intern_config(c, buf, n, flags):  # pragma: no cover
     c.cmap_vals[h] = cid
     c.cmap_n += 1
     return cid
+
+
+@njit(cache=True, nogil=True)
+def _find_config(c, keys, vals, key, buf, n, flags):  # pragma: no cover
+    """(id of the configuration with kernel buf[:n] and flags, or -1; the free slot where the
+    probe ended)."""
+    mask = keys.shape[0] - 1
+    h = _mix(key) & mask
+    while vals[h] != -1:
+        cid = vals[h]
+        if keys[h] == key and c.cfg_len[cid] == n:
+            f = (1 if c.accepting[cid] else 0) | (2 if c.exits[cid] else 0)
+            if f == flags:
+                start = c.cfg_start[cid]
+                same = True
+                for i in range(n):
+                    if c.cfg_pool[start + i] != buf[i]:
+                        same = False
+                        break
+                if same:
+                    return cid, h
+        h = (h + 1) & mask
+    return -1, h
 
 
 # ---------------------------------------------------------------------------------- closures
@@ -443,7 +529,7 @@ def closure(c, nid):  # pragma: no cover
                     ns += 1
     nk = _sort_unique(kernel, nk)
     if c.clo_pool_n + nk > c.clo_pool.shape[0]:
-        c.clo_pool = _grow_int32(c.clo_pool, c.clo_pool_n + nk, 0)
+        c.clo_pool = _grow_pool(c.clo_pool, c.clo_pool_n + nk)
     c.clo_pool[c.clo_pool_n:c.clo_pool_n + nk] = kernel[:nk]
     c.clo_start[nid] = c.clo_pool_n
     c.clo_len[nid] = nk
