@@ -235,8 +235,8 @@ def core_arrays(c):  # pragma: no cover
 # The three maps (stack nodes, parent sets, configurations) are open-addressing hash tables kept
 # at most half full. Doubling one moves its entries over the next inserts, a few slots each,
 # instead of all at once: a map of 300k nodes took 30 ms to rehash, inside one mask. While a
-# move is under way a lookup probes the new table, then the old one; when none is, the old
-# table is a one-slot empty table, so the second probe costs one read.
+# move is under way a lookup that misses in the new table probes the old one too; when none is,
+# the old table is a one-slot placeholder.
 _MOVE_PER_INSERT = 8
 
 
@@ -257,9 +257,8 @@ def _move_entries(keys, vals, old_keys, old_vals, moved, count):  # pragma: no c
 
 @njit(cache=True, nogil=True)
 def _advance_move(keys, vals, old_keys, old_vals, moved, count):  # pragma: no cover
-    """One step of a move under way: (old keys, old values, moved), the old table dropped at the end."""
-    if old_vals.shape[0] == 1:
-        return old_keys, old_vals, moved
+    """One step of a move under way, after an insert: (old keys, old values, moved), the old
+    table dropped at the end."""
     moved = _move_entries(keys, vals, old_keys, old_vals, moved, count)
     if moved == old_vals.shape[0]:
         return np.zeros(1, np.int64), np.full(1, -1, np.int32), 0
@@ -294,15 +293,14 @@ def intern_node(c, q, ps):  # pragma: no cover
     if 2 * (c.nmap_n + 1) > c.nmap_keys.shape[0]:
         c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _begin_move(
             c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved)
-    c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _advance_move(
-        c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved, _MOVE_PER_INSERT)
     key = (np.int64(q) << 32) | np.int64(ps)
     found, h = _find_node(c.nmap_keys, c.nmap_vals, key)
     if found >= 0:
         return found
-    found, _ = _find_node(c.nmap_old_keys, c.nmap_old_vals, key)
-    if found >= 0:
-        return found
+    if c.nmap_old_vals.shape[0] > 1:  # a move is under way
+        found, _ = _find_node(c.nmap_old_keys, c.nmap_old_vals, key)
+        if found >= 0:
+            return found
     depth = 1 + c.ps_depth[ps]
     if depth > c.max_depth:
         return ERR_DEPTH
@@ -322,6 +320,9 @@ def intern_node(c, q, ps):  # pragma: no cover
     c.nmap_keys[h] = key
     c.nmap_vals[h] = nid
     c.nmap_n += 1
+    if c.nmap_old_vals.shape[0] > 1:
+        c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _advance_move(
+            c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved, _MOVE_PER_INSERT)
     return nid
 
 
@@ -352,15 +353,14 @@ def intern_parents(c, buf, n):  # pragma: no cover
     if 2 * (c.psmap_n + 1) > c.psmap_keys.shape[0]:
         c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _begin_move(
             c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved)
-    c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _advance_move(
-        c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved, _MOVE_PER_INSERT)
     key = _hash_run(buf, 0, n, 0)
     found, h = _find_run(c.psmap_keys, c.psmap_vals, key, c.ps_pool, c.ps_start, c.ps_len, buf, n)
     if found >= 0:
         return found
-    found, _ = _find_run(c.psmap_old_keys, c.psmap_old_vals, key, c.ps_pool, c.ps_start, c.ps_len, buf, n)
-    if found >= 0:
-        return found
+    if c.psmap_old_vals.shape[0] > 1:  # a move is under way
+        found, _ = _find_run(c.psmap_old_keys, c.psmap_old_vals, key, c.ps_pool, c.ps_start, c.ps_len, buf, n)
+        if found >= 0:
+            return found
     ps = c.n_ps
     if ps == c.ps_start.shape[0]:
         c.ps_start = _grow_int64(c.ps_start, ps + 1, 0)
@@ -381,6 +381,9 @@ def intern_parents(c, buf, n):  # pragma: no cover
     c.psmap_keys[h] = key
     c.psmap_vals[h] = ps
     c.psmap_n += 1
+    if c.psmap_old_vals.shape[0] > 1:
+        c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _advance_move(
+            c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved, _MOVE_PER_INSERT)
     return ps
 
 
@@ -390,15 +393,14 @@ def intern_config(c, buf, n, flags):  # pragma: no cover
     if 2 * (c.cmap_n + 1) > c.cmap_keys.shape[0]:
         c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _begin_move(
             c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved)
-    c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _advance_move(
-        c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved, _MOVE_PER_INSERT)
     key = _hash_run(buf, 0, n, flags)
     found, h = _find_config(c, c.cmap_keys, c.cmap_vals, key, buf, n, flags)
     if found >= 0:
         return found
-    found, _ = _find_config(c, c.cmap_old_keys, c.cmap_old_vals, key, buf, n, flags)
-    if found >= 0:
-        return found
+    if c.cmap_old_vals.shape[0] > 1:  # a move is under way
+        found, _ = _find_config(c, c.cmap_old_keys, c.cmap_old_vals, key, buf, n, flags)
+        if found >= 0:
+            return found
     cid = c.n_cfg
     if cid >= c.max_states:
         return ERR_STATES
@@ -423,6 +425,9 @@ def intern_config(c, buf, n, flags):  # pragma: no cover
     c.cmap_keys[h] = key
     c.cmap_vals[h] = cid
     c.cmap_n += 1
+    if c.cmap_old_vals.shape[0] > 1:
+        c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _advance_move(
+            c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved, _MOVE_PER_INSERT)
     return cid
 
 
