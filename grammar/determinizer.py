@@ -598,11 +598,10 @@ def initial_config(c, root_rule):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def _step(c, cfg, b):  # pragma: no cover
-    """The configuration after byte ``b`` from ``cfg`` (DEAD, or a status < DEAD)."""
+def _seeds_at(c, cfg, b, seeds):  # pragma: no cover
+    """The seeds of byte ``b`` from ``cfg``, sorted: (edge target << 32 | parent set) per matching
+    edge. Returns (seeds buffer, possibly grown; count)."""
     start, n = c.cfg_start[cfg], c.cfg_len[cfg]
-    # Seeds: (target, parent set) per matching edge; equal targets merge their parent sets.
-    seeds = np.empty(16, np.int64)
     nseeds = 0
     for i in range(start, start + n):
         node = c.cfg_pool[i]
@@ -615,9 +614,22 @@ def _step(c, cfg, b):  # pragma: no cover
                     seeds = grown
                 seeds[nseeds] = (np.int64(c.e_dst[e]) << 32) | np.int64(c.node_ps[node])
                 nseeds += 1
+    seeds[:nseeds].sort()
+    return seeds, nseeds
+
+
+@njit(cache=True, nogil=True)
+def _step(c, cfg, b):  # pragma: no cover
+    """The configuration after byte ``b`` from ``cfg`` (DEAD, or a status < DEAD)."""
+    seeds, nseeds = _seeds_at(c, cfg, b, np.empty(16, np.int64))
     if nseeds == 0:
         return DEAD
-    seeds[:nseeds].sort()
+    return _step_seeds(c, seeds, nseeds)
+
+
+@njit(cache=True, nogil=True)
+def _step_seeds(c, seeds, nseeds):  # pragma: no cover
+    """The configuration reached from sorted seeds (equal targets merge their parent sets)."""
     roots = np.empty(nseeds, np.int32)
     nroots = 0
     flags = 0
@@ -679,14 +691,54 @@ def expand_row(c, cfg):  # pragma: no cover
             cut[c.e_lo[e]] = True
             cut[c.e_hi[e] + 1] = True
     row = np.empty(256, np.int32)
+    # Segments with equal seeds reach the same configuration (a character class split by another
+    # node's edges, ranges of one class leading to one state): each distinct seed set is stepped
+    # once; the others are found by hash and compared exactly.
+    seeds = np.empty(16, np.int64)
+    pool = np.empty(64, np.int64)
+    pool_n = 0
+    seen_start = np.empty(256, np.int64)
+    seen_len = np.empty(256, np.int64)
+    seen_hash = np.empty(256, np.int64)
+    seen_target = np.empty(256, np.int32)
+    n_seen = 0
     lo = 0
     while lo < 256:
         hi = lo + 1
         while not cut[hi]:
             hi += 1
-        target = _step(c, cfg, lo)
-        if target < DEAD:
-            return target
+        seeds, nseeds = _seeds_at(c, cfg, lo, seeds)
+        target = DEAD
+        if nseeds > 0:
+            key = _hash_run(seeds, 0, nseeds, 0)
+            found = -1
+            for k in range(n_seen):
+                if seen_hash[k] == key and seen_len[k] == nseeds:
+                    same = True
+                    for j in range(nseeds):
+                        if pool[seen_start[k] + j] != seeds[j]:
+                            same = False
+                            break
+                    if same:
+                        found = k
+                        break
+            if found >= 0:
+                target = seen_target[found]
+            else:
+                target = _step_seeds(c, seeds, nseeds)
+                if target < DEAD:
+                    return target
+                if pool_n + nseeds > pool.shape[0]:
+                    grown = np.empty(2 * (pool_n + nseeds), np.int64)
+                    grown[:pool_n] = pool[:pool_n]
+                    pool = grown
+                pool[pool_n:pool_n + nseeds] = seeds[:nseeds]
+                seen_start[n_seen] = pool_n
+                seen_len[n_seen] = nseeds
+                seen_hash[n_seen] = key
+                seen_target[n_seen] = target
+                n_seen += 1
+                pool_n += nseeds
         row[lo:hi] = target
         lo = hi
     c.table[cfg, :] = row  # after the steps: interning may have grown the table
