@@ -17,8 +17,9 @@ states can share one mask computation.
 The data and the work live in ``determinizer.py`` (numba arrays and functions): the trie walk
 computes the rows it reaches from inside its compiled kernel. This class is the Python face:
 budgets become ``GrammarBudgetError``, and one lock serializes every change to the automaton.
-The transition table and flags may be read without the lock: rows only ever go from UNEXPANDED
-to complete, and the arrays are replaced (never shrunk) when they grow.
+The transition table and flags may be read without the lock: cells only ever go from UNEXPANDED
+to computed, and the arrays are replaced (never shrunk) when they grow. Walks compute the cells
+they need; whoever reads a whole row calls :meth:`LazyAutomaton.expand` first.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class LazyAutomaton:
     # ------------------------------------------------------------------ transitions
     def expand(self, state: int) -> None:
         """Compute the whole transition row of ``state`` (idempotent)."""
-        if self.table[state, 0] != UNEXPANDED:
+        if det.core_row_done(self.core)[state]:
             return
         with self.lock:
             self.check_status(det.expand_row(self.core, state))

@@ -2,7 +2,7 @@
 
 ``automaton.py`` explains the model; this module holds its data in numpy arrays inside one numba
 structure (:class:`Core`) and its operations as numba functions, so a trie walk can compute the
-rows it reaches without returning to Python (``token_walk.py`` calls :func:`expand_row` from
+rows it reaches without returning to Python (``token_walk.py`` calls :func:`expand_cell` from
 inside its kernel), and without the GIL.
 
 Layout (every set of ids is a sorted run of a pool array, interned by a hash of its content):
@@ -14,8 +14,11 @@ Layout (every set of ids is a sorted run of a pool array, interned by a hash of 
   hole).
 - configurations: kernel nodes, at most one per NFA state (nodes with the same top are merged by
   uniting their parent sets) and flags; the transition table, one row of 256 per configuration,
-  UNEXPANDED until computed. A row is computed whole, one step per segment of bytes on which no
-  edge of its nodes begins or ends.
+  UNEXPANDED until computed. Cells are computed a segment at a time (the bytes on which no edge
+  of the configuration's nodes begins or ends step alike): a trie walk computes only the
+  segments its tokens' next bytes fall in (:func:`expand_cell`; deep in the trie a node has one
+  or two children, and a whole row would create configurations no token reaches), anything that
+  reads a whole row computes it first (:func:`expand_row`, flagged in ``row_done``).
 
 Functions return a status (< 0: a budget was exceeded, see the ERR_* codes) where they can fail.
 Callers hold the automaton's lock: nothing here is safe to run twice at once on one Core.
@@ -66,7 +69,7 @@ _FIELDS = [
     # configurations
     "cfg_start", "cfg_len", "n_cfg", "cfg_pool", "cfg_pool_n", "cmap_keys", "cmap_vals", "cmap_n",
     "cmap_old_keys", "cmap_old_vals", "cmap_moved",
-    "accepting", "exits", "table",
+    "accepting", "exits", "table", "row_done",
     # scratch: visit marks per node
     "mark", "mark_gen",
 ]
@@ -193,6 +196,7 @@ def new_core(e_ptr, e_lo, e_hi, e_dst, eps_ptr, eps_dst, call_ptr, call_callee, 
         np.zeros(cap, np.int64), np.zeros(cap, np.int32), 0, np.zeros(4 * cap, np.int32), 0,
         np.zeros(2 * cap, np.int64), np.full(2 * cap, -1, np.int32), 0, np.zeros(1, np.int64), np.full(1, -1, np.int32), 0,
         np.zeros(cap, np.bool_), np.zeros(cap, np.bool_), np.full((cap, 256), UNEXPANDED, np.int32),
+        np.zeros(cap, np.bool_),
         np.zeros(cap, np.int32), 0,
     )
 
@@ -204,6 +208,7 @@ def static_core(table, exits):  # pragma: no cover
     no = np.zeros(1, np.bool_)
     c = new_core(empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, no, no, 0, 0, 0)
     c.table = table
+    c.row_done = np.ones(table.shape[0], np.bool_)
     c.exits = exits
     c.accepting = np.zeros(table.shape[0], np.bool_)
     c.n_cfg = table.shape[0]
@@ -213,6 +218,11 @@ def static_core(table, exits):  # pragma: no cover
 @njit(cache=True)
 def core_table(c):  # pragma: no cover
     return c.table
+
+
+@njit(cache=True)
+def core_row_done(c):  # pragma: no cover
+    return c.row_done
 
 
 @njit(cache=True)
@@ -409,9 +419,11 @@ def intern_config(c, buf, n, flags):  # pragma: no cover
         c.cfg_len = _grow_int32(c.cfg_len, cid + 1, 0)
         c.accepting = _grow_bool(c.accepting, cid + 1)
         c.exits = _grow_bool(c.exits, cid + 1)
+        c.row_done = _grow_bool(c.row_done, cid + 1)
     if cid == c.table.shape[0]:
         c.table = _grow_table(c.table, cid, c.max_states)
     c.table[cid, :] = UNEXPANDED  # rows are initialized one by one, as configurations appear
+    c.row_done[cid] = False
     if c.cfg_pool_n + n > c.cfg_pool.shape[0]:
         c.cfg_pool = _grow_pool(c.cfg_pool, c.cfg_pool_n + n)
     for i in range(n):
@@ -677,9 +689,10 @@ def _step_seeds(c, seeds, nseeds):  # pragma: no cover
 
 @njit(cache=True, nogil=True)
 def expand_row(c, cfg):  # pragma: no cover
-    """Compute the transition row of ``cfg`` (no-op if done): one step per segment of bytes on
-    which no edge of its nodes begins or ends. Returns 0 or a status."""
-    if c.table[cfg, 0] != UNEXPANDED:
+    """Compute the whole transition row of ``cfg`` (no-op if done): one step per segment of
+    bytes on which no edge of its nodes begins or ends, skipping segments already computed.
+    Returns 0 or a status."""
+    if c.row_done[cfg]:
         return 0
     cut = np.zeros(257, np.bool_)
     cut[0] = True
@@ -707,6 +720,10 @@ def expand_row(c, cfg):  # pragma: no cover
         hi = lo + 1
         while not cut[hi]:
             hi += 1
+        if c.table[cfg, lo] != UNEXPANDED:  # computed by expand_cell (a segment at a time)
+            row[lo:hi] = c.table[cfg, lo]
+            lo = hi
+            continue
         seeds, nseeds = _seeds_at(c, cfg, lo, seeds)
         target = DEAD
         if nseeds > 0:
@@ -742,6 +759,30 @@ def expand_row(c, cfg):  # pragma: no cover
         row[lo:hi] = target
         lo = hi
     c.table[cfg, :] = row  # after the steps: interning may have grown the table
+    c.row_done[cfg] = True
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def expand_cell(c, cfg, b):  # pragma: no cover
+    """Compute the segment of ``cfg``'s row that byte ``b`` falls in (the bytes around it on
+    which no edge of its nodes begins or ends). Returns 0 or a status."""
+    if c.table[cfg, b] != UNEXPANDED:
+        return 0
+    lo, hi = 0, 256
+    start, n = c.cfg_start[cfg], c.cfg_len[cfg]
+    for i in range(start, start + n):
+        q = c.node_q[c.cfg_pool[i]]
+        for e in range(c.e_ptr[q], c.e_ptr[q + 1]):
+            for edge in (np.int64(c.e_lo[e]), np.int64(c.e_hi[e]) + 1):
+                if edge <= b:
+                    lo = max(lo, edge)
+                else:
+                    hi = min(hi, edge)
+    target = _step(c, cfg, b)
+    if target < DEAD:
+        return target
+    c.table[cfg, lo:hi] = target  # after the step: interning may have grown the table
     return 0
 
 
@@ -752,7 +793,7 @@ def step_bytes(c, cfg, data):  # pragma: no cover
         if cfg < 0:
             return cfg
         if c.table[cfg, b] == UNEXPANDED:
-            status = expand_row(c, cfg)
+            status = expand_cell(c, cfg, b)
             if status < 0:
                 return status
         cfg = c.table[cfg, b]

@@ -14,9 +14,10 @@ in a worker thread while torch runs the model's forward pass.
   offset: the tokens that left a shared region or hit a truncation hole, checked against the
   real configuration.
 
-The automaton is determinized lazily, so a walk can read a transition whose row does not exist
-yet (``UNEXPANDED``): the kernel computes it on the spot with the compiled determinizer
-(``determinizer.expand_row``) and walks on, so a whole mask is one call that never takes the GIL.
+The automaton is determinized lazily, so a walk can read a transition not computed yet
+(``UNEXPANDED``): the kernel computes it on the spot with the compiled determinizer
+(``determinizer.expand_cell``: that byte's segment of the row, not the whole row) and walks on,
+so a whole mask is one call that never takes the GIL.
 The caller holds the automaton's lock for the call (the determinizer changes the automaton);
 walks of other grammars, and the model's forward pass, run meanwhile. Kernels allocate nothing
 shared: every call gets its own work arrays.
@@ -157,7 +158,7 @@ def _walk_kernel(core, words, first_pos, begin, end, mode, state_at, tainted, bi
         b = np.int64(w & np.uint64(0xFF))
         ns = table[p, b]
         if ns == UNEXPANDED:
-            status = det.expand_row(core, p)
+            status = det.expand_cell(core, p, b)
             if status < 0:
                 io[0], io[1], io[2] = status, i, nr
                 return
@@ -215,7 +216,7 @@ def _check_kernel(core, flat, offsets, lengths, positions, starts, skips, mode, 
             b = flat[base + j]
             ns = table[s, b]
             if ns == UNEXPANDED:
-                status = det.expand_row(core, s)
+                status = det.expand_cell(core, s, b)
                 if status < 0:
                     return status
                 table = core.table

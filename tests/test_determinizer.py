@@ -81,5 +81,30 @@ def test_table_reserves_its_budget_once_and_initializes_rows_as_they_appear():
     assert table.shape == (min(100_000, det.TABLE_RESERVE_ROWS), 256)
     rows = table[:n]
     assert ((rows == UNEXPANDED) | ((rows >= DEAD) & (rows < n))).all()
-    expanded = rows[:, 0] != UNEXPANDED
-    assert expanded.any() and not (rows[expanded] == UNEXPANDED).any()
+
+
+def test_cells_computed_by_walks_agree_with_whole_rows():
+    """Walks compute a row a segment at a time; completing the row later keeps those cells,
+    and the states they lead to are the ones whole rows would have interned."""
+    automaton = LazyAutomaton(build_nfa(BRACKETS))
+    for opens in itertools.product(b"([", repeat=6):
+        automaton.step_bytes(automaton.initial_state, bytes(opens) + b")]")
+    n = automaton.num_states
+    done = det.core_row_done(automaton.core)[:n].copy()
+    before = automaton.table[:n].copy()
+    partial = ~done & (before != UNEXPANDED).any(axis=1)
+    assert partial.any()  # the walk left rows with only the segments it needed
+    assert not (before[done] == UNEXPANDED).any()
+    for state in range(n):
+        automaton.expand(state)
+    after = automaton.table[:n]
+    computed = before != UNEXPANDED
+    assert (after[computed] == before[computed]).all()
+    assert not (after == UNEXPANDED).any()
+    # Cells first, whole rows after: one configuration per subset all the same.
+    k = 8
+    regex = LazyAutomaton(build_nfa(ir.Grammar({"root": regex_to_ir(f"[ab]*a[ab]{{{k}}}")})))
+    rng = random.Random(2)
+    for _ in range(100):
+        regex.step_bytes(regex.initial_state, bytes(rng.choice(b"ab") for _ in range(rng.randrange(1, 20))))
+    assert len(_reachable(regex, b"ab")) == regex.num_states == 2 ** (k + 1)
