@@ -63,7 +63,7 @@ class CompiledGrammar:
         self.trie = self.vocabulary_masks.trie
         self.masks = GrammarMasks(
             self.automaton, self.vocabulary_masks, recursive=self.nfa.recursive,
-            nested=any(self.nfa.calls), cache_bytes=self.budget.max_mask_cache_bytes
+            nested=self.nfa.has_calls, cache_bytes=self.budget.max_mask_cache_bytes
         )
         self.mask_width = bitmask_width(vocab.vocab_size)
         self._token_next: dict[tuple[int, int], int] = {}

@@ -27,13 +27,12 @@ def _state_distances(automaton: "LazyAutomaton") -> list[int]:
         d[final] = 0
     # Reverse edges (predecessor lists) make this a simple relaxation to a fixpoint.
     preds: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]  # (pred, cost, callee or -1)
-    for q in range(n):
-        for t in nfa.eps[q]:
-            preds[t].append((q, 0, -1))
-        for _, _, t in nfa.byte_edges[q]:
-            preds[t].append((q, 1, -1))
-        for callee, ret in nfa.calls[q]:
-            preds[ret].append((q, 0, callee))
+    for q, t in zip(nfa.eps_src, nfa.eps_dst):
+        preds[t].append((q, 0, -1))
+    for q, t in zip(nfa.edge_src, nfa.edge_dst):
+        preds[t].append((q, 1, -1))
+    for q, callee, ret in zip(nfa.call_src, nfa.call_rule, nfa.call_ret):
+        preds[ret].append((q, 0, callee))
     changed = True
     while changed:
         changed = False
@@ -48,7 +47,7 @@ def _state_distances(automaton: "LazyAutomaton") -> list[int]:
                     todo.append(q)
                     changed = True
         # Callee lengths may have shrunk after their callers were relaxed: repeat until stable.
-        changed = changed and any(nfa.calls[q] for q in range(n))
+        changed = changed and nfa.has_calls
     return d
 
 

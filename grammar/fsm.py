@@ -33,11 +33,20 @@ SHARE_MIN_STATES = 16
 
 @dataclass
 class ByteNFA:
-    """Flat arrays indexed by NFA state."""
+    """States are numbers 0 .. num_states - 1; edges are flat parallel lists of ints (one entry
+    per edge, in no particular order), so building an NFA allocates no container per state: a
+    list per state and kind made the garbage collector's passes a tenth of a compile."""
 
-    eps: list[list[int]] = field(default_factory=list)
-    byte_edges: list[list[tuple[int, int, int]]] = field(default_factory=list)  # (lo, hi, target)
-    calls: list[list[tuple[int, int]]] = field(default_factory=list)  # (rule index, return state)
+    num_states: int = 0
+    eps_src: list[int] = field(default_factory=list)
+    eps_dst: list[int] = field(default_factory=list)
+    edge_src: list[int] = field(default_factory=list)  # byte edges: src --[lo, hi]--> dst
+    edge_lo: list[int] = field(default_factory=list)
+    edge_hi: list[int] = field(default_factory=list)
+    edge_dst: list[int] = field(default_factory=list)
+    call_src: list[int] = field(default_factory=list)  # calls: src --(rule)--> return state
+    call_rule: list[int] = field(default_factory=list)
+    call_ret: list[int] = field(default_factory=list)
     final_rule: list[int] = field(default_factory=list)  # rule whose final state this is, else -1
     rule_names: list[str] = field(default_factory=list)
     rule_start: list[int] = field(default_factory=list)
@@ -46,8 +55,8 @@ class ByteNFA:
     recursive: bool = False  # some rule reaches itself: stacks can grow without bound
 
     @property
-    def num_states(self) -> int:
-        return len(self.eps)
+    def has_calls(self) -> bool:
+        return bool(self.call_src)
 
     def arrays(self) -> "NFAArrays":
         """The NFA in compressed-row form for the compiled determinizer (built once)."""
@@ -55,14 +64,6 @@ class ByteNFA:
         if cached is None:
             cached = self.__dict__["_arrays"] = NFAArrays.of(self)
         return cached
-
-    def freeze(self) -> None:
-        """Turn the per-state edge lists into tuples once built: the NFA lives as long as its
-        compiled grammar, and tuples of ints drop out of the garbage collector's tracking where
-        three lists per state would be walked by every full collection of the process."""
-        self.eps = tuple(tuple(e) for e in self.eps)  # type: ignore[assignment]
-        self.byte_edges = tuple(tuple(e) for e in self.byte_edges)  # type: ignore[assignment]
-        self.calls = tuple(tuple(c) for c in self.calls)  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -85,30 +86,28 @@ class NFAArrays:
 
     @classmethod
     def of(cls, nfa: "ByteNFA") -> "NFAArrays":
-        e_ptr, edges = _csr(nfa.byte_edges, 3)
-        eps_ptr, eps = _csr(nfa.eps, 1)
-        call_ptr, calls = _csr(nfa.calls, 2)
+        n = nfa.num_states
+        e_ptr, (e_lo, e_hi, e_dst) = _csr(n, nfa.edge_src, nfa.edge_lo, nfa.edge_hi, nfa.edge_dst)
+        eps_ptr, (eps_dst,) = _csr(n, nfa.eps_src, nfa.eps_dst)
+        call_ptr, (call_callee, call_ret) = _csr(n, nfa.call_src, nfa.call_rule, nfa.call_ret)
         final_rule = np.array(nfa.final_rule, dtype=np.int32)
         has_edges = np.diff(e_ptr) > 0
         tail_ret = (final_rule >= 0) & ~has_edges & (np.diff(eps_ptr) == 0) & (np.diff(call_ptr) == 0)
         return cls(
-            e_ptr, edges[:, 0].copy(), edges[:, 1].copy(), edges[:, 2].copy(), eps_ptr, eps[:, 0].copy(),
-            call_ptr, calls[:, 0].copy(), calls[:, 1].copy(), final_rule,
+            e_ptr, e_lo, e_hi, e_dst, eps_ptr, eps_dst, call_ptr, call_callee, call_ret, final_rule,
             np.array(nfa.rule_start, dtype=np.int32), tail_ret, has_edges,
         )
 
 
-def _csr(rows, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row pointers and the rows' items as an [n, width] array; items are ints (width 1) or
-    tuples of ``width`` ints."""
-    lengths = np.fromiter(map(len, rows), dtype=np.int32, count=len(rows))
-    ptr = np.zeros(len(rows) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=ptr[1:])
-    items = itertools.chain.from_iterable(rows)
-    if width > 1:
-        items = itertools.chain.from_iterable(items)
-    flat = np.fromiter(items, dtype=np.int32, count=int(ptr[-1]) * width).reshape(-1, width)
-    return ptr, flat
+def _csr(n: int, src: list[int], *columns: list[int]) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """Row pointers over states 0..n-1 and the columns of edges grouped by source state (a
+    stable sort: a state's edges keep the order they were added in)."""
+    src_arr = np.fromiter(src, dtype=np.int32, count=len(src))
+    order = np.argsort(src_arr, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(np.bincount(src_arr, minlength=n), out=ptr[1:])
+    cols = tuple(np.fromiter(c, dtype=np.int32, count=len(c))[order] for c in columns)
+    return ptr, cols
 
 
 @functools.lru_cache(maxsize=4096)
@@ -169,18 +168,33 @@ class _Builder:
     # -- states and edges
     def new_state(self) -> int:
         nfa = self.nfa
-        n = len(nfa.eps)
+        n = nfa.num_states
         if n >= self.max_states:
             raise GrammarBudgetError(
                 f"grammar needs more than {self.max_states} automaton states (raise CompileBudget.max_nfa_states)"
             )
         if n & 4095 == 0:
             check_deadline("building the automaton")
-        nfa.eps.append([])
-        nfa.byte_edges.append([])
-        nfa.calls.append([])
+        nfa.num_states = n + 1
         nfa.final_rule.append(-1)
         return n
+
+    def eps(self, s: int, t: int) -> None:
+        self.nfa.eps_src.append(s)
+        self.nfa.eps_dst.append(t)
+
+    def edge(self, s: int, lo: int, hi: int, t: int) -> None:
+        nfa = self.nfa
+        nfa.edge_src.append(s)
+        nfa.edge_lo.append(lo)
+        nfa.edge_hi.append(hi)
+        nfa.edge_dst.append(t)
+
+    def call(self, s: int, rule: int, t: int) -> None:
+        nfa = self.nfa
+        nfa.call_src.append(s)
+        nfa.call_rule.append(rule)
+        nfa.call_ret.append(t)
 
     def rule(self, name: str) -> int:
         """Index of rule ``name``, building its fragment on first use."""
@@ -230,10 +244,10 @@ class _Builder:
                 name = self.shared_rules[e] = f"__shared{len(self.shared_rules)}"
                 self.bodies[name] = e
             rule = self._shared_ids[id(e)] = self.rule(name)
-        self.nfa.calls[s].append((rule, t))
+        self.call(s, rule, t)
 
     def _empty(self, e: ir.Empty, s: int, t: int, work: list) -> None:
-        self.nfa.eps[s].append(t)
+        self.eps(s, t)
 
     def _nothing(self, e: ir.Nothing, s: int, t: int, work: list) -> None:
         pass
@@ -241,7 +255,7 @@ class _Builder:
     def _literal(self, e: ir.Literal, s: int, t: int, work: list) -> None:
         data = e.data
         if len(data) == 1:
-            self.nfa.byte_edges[s].append((data[0], data[0], t))
+            self.edge(s, data[0], data[0], t)
             return
         # A chain of len-1 fresh states, allocated at once (long literals and tries are most of
         # a huge constraint's states).
@@ -250,37 +264,37 @@ class _Builder:
     def _wire_chain(self, data: bytes, s: int, first: int, t: int) -> None:
         """Edges spelling ``data`` (two bytes or more) from ``s`` to ``t`` through the fresh states
         ``first .. first + len(data) - 2``."""
-        byte_edges = self.nfa.byte_edges
-        last = first + len(data) - 2
-        byte_edges[s].append((data[0], data[0], first))
-        byte_edges[first:last] = [[(b, b, first + i + 1)] for i, b in enumerate(data[1:-1])]
-        byte_edges[last].append((data[-1], data[-1], t))
-
-    def _new_chain(self, count: int, private: bool = True) -> int:
-        """``count`` fresh states with consecutive numbers; returns the first. ``private``: inner
-        states of a chain, which never get epsilon or call edges."""
         nfa = self.nfa
-        n = len(nfa.eps)
+        last = first + len(data) - 2
+        inner = data[1:-1]
+        nfa.edge_src.append(s)
+        nfa.edge_src.extend(range(first, last + 1))
+        nfa.edge_lo.append(data[0])
+        nfa.edge_lo.extend(inner)
+        nfa.edge_lo.append(data[-1])
+        nfa.edge_hi.append(data[0])
+        nfa.edge_hi.extend(inner)
+        nfa.edge_hi.append(data[-1])
+        nfa.edge_dst.extend(range(first, last + 1))
+        nfa.edge_dst.append(t)
+
+    def _new_chain(self, count: int) -> int:
+        """``count`` fresh states with consecutive numbers; returns the first."""
+        nfa = self.nfa
+        n = nfa.num_states
         if n + count > self.max_states:
             raise GrammarBudgetError(
                 f"grammar needs more than {self.max_states} automaton states (raise CompileBudget.max_nfa_states)"
             )
         if (n + count) >> 12 != n >> 12:
             check_deadline("building the automaton")
-        # A chain's inner states never get epsilon or call edges: they share one empty tuple
-        # (an append to one would fail loudly), a third of the per-state cost of a huge literal.
-        if private:
-            nfa.eps.extend(itertools.repeat((), count))
-            nfa.calls.extend(itertools.repeat((), count))
-        else:
-            nfa.eps.extend([] for _ in range(count))
-            nfa.calls.extend([] for _ in range(count))
-        nfa.byte_edges.extend([] for _ in range(count))
-        nfa.final_rule.extend([-1] * count)
+        nfa.num_states = n + count
+        nfa.final_rule.extend(itertools.repeat(-1, count))
         return n
 
     def _byte_class(self, e: ir.ByteClass, s: int, t: int, work: list) -> None:
-        self.nfa.byte_edges[s].extend((lo, hi, t) for lo, hi in e.ranges)
+        for lo, hi in e.ranges:
+            self.edge(s, lo, hi, t)
 
     def _char_class(self, e: ir.CharClass, s: int, t: int, work: list) -> None:
         self._build_char_class(e, s, t)
@@ -310,16 +324,16 @@ class _Builder:
                 nodes[k] = self.new_state()
             return nodes[k]
 
-        self.nfa.eps[s].append(node(e.start))
+        self.eps(s, node(e.start))
         for f in e.finals:
-            self.nfa.eps[node(f)].append(t)
+            self.eps(node(f), t)
         work.extend((x, node(a), node(b)) for a, x, b in e.edges)
 
     def _ref(self, e: ir.Ref, s: int, t: int, work: list) -> None:
         if self._should_inline(e.name):
             work.append((self.grammar.rules[e.name], s, t))
         else:
-            self.nfa.calls[s].append((self.rule(e.name), t))
+            self.call(s, self.rule(e.name), t)
 
     def _literal_graph(self, e: ir.Graph, s: int, t: int) -> None:
         """A graph of literal edges (the trie of a big enum or alternation) in two bulk
@@ -328,20 +342,19 @@ class _Builder:
         for a, _, b in e.edges:
             nodes.setdefault(a, len(nodes))
             nodes.setdefault(b, len(nodes))
-        first = self._new_chain(len(nodes), private=False)
+        first = self._new_chain(len(nodes))
         node_state = {k: first + i for k, i in nodes.items()}
         cur = self._new_chain(sum(len(x.data) - 1 for _, x, _ in e.edges))
-        byte_edges = self.nfa.byte_edges
         for a, x, b in e.edges:
             data, na, nb = x.data, node_state[a], node_state[b]  # type: ignore[union-attr]
             if len(data) == 1:
-                byte_edges[na].append((data[0], data[0], nb))
+                self.edge(na, data[0], data[0], nb)
             else:
                 self._wire_chain(data, na, cur, nb)
                 cur += len(data) - 1
-        self.nfa.eps[s].append(node_state[e.start])
+        self.eps(s, node_state[e.start])
         for f in e.finals:
-            self.nfa.eps[node_state[f]].append(t)
+            self.eps(node_state[f], t)
 
     _dispatch = {
         ir.Empty: _empty,
@@ -357,14 +370,14 @@ class _Builder:
     }
 
     def _build_char_class(self, e: ir.CharClass, s: int, t: int) -> None:
-        nfa = self.nfa
+        edge = self.edge
         # Share the continuation tails: states keyed by the remaining byte-range suffix.
         tails: dict[tuple[tuple[int, int], ...], int] = {}
         for sequence in class_byte_sequences(e.ranges):
             cur = s
             for i, (blo, bhi) in enumerate(sequence):
                 if i == len(sequence) - 1:
-                    nfa.byte_edges[cur].append((blo, bhi, t))
+                    edge(cur, blo, bhi, t)
                     break
                 rest = sequence[i + 1 :]
                 nxt = tails.get(rest) if i > 0 else None
@@ -372,7 +385,7 @@ class _Builder:
                     nxt = self.new_state()
                     if i > 0:
                         tails[rest] = nxt
-                nfa.byte_edges[cur].append((blo, bhi, nxt))
+                edge(cur, blo, bhi, nxt)
                 cur = nxt
 
     def _build_repeat(self, e: ir.Repeat, s: int, t: int, work: list) -> None:
@@ -399,16 +412,16 @@ class _Builder:
             cur = nxt
         if e.max is None:
             loop = self.new_state()  # fresh, so the loop never leaks into sibling branches
-            self.nfa.eps[cur].append(loop)
+            self.eps(cur, loop)
             item(loop, loop)
-            self.nfa.eps[loop].append(t)
+            self.eps(loop, t)
             return
-        self.nfa.eps[cur].append(t)
+        self.eps(cur, t)
         for i in range(e.max - e.min):
             nxt = t if i == e.max - e.min - 1 else self.new_state()
             item(cur, nxt)
             if nxt != t:
-                self.nfa.eps[nxt].append(t)
+                self.eps(nxt, t)
             cur = nxt
 
     # -- size estimates for budgets and inlining
@@ -483,5 +496,4 @@ def build_nfa(grammar: ir.Grammar, max_states: int = 2_000_000) -> ByteNFA:
     builder.nfa.root_rule = builder.rule(grammar.root)
     builder.build_pending()
     builder.nfa.recursive = bool(builder.recursive)
-    builder.nfa.freeze()
     return builder.nfa
