@@ -26,7 +26,9 @@ shared: every call gets its own work arrays.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -367,3 +369,27 @@ def add_duplicates(trie: TokenTrie, bits: np.ndarray, ends: np.ndarray | None = 
     """Set the bits (and end states) of tokens whose bytes equal an allowed token's."""
     if len(trie.dup_src):
         _copy_duplicates(bits, _NO_INT32 if ends is None else ends, ends is not None, trie.dup_src, trie.dup_dst)
+
+
+def _drop_stale_kernels() -> None:
+    """numba keys a cached kernel by the stamp of its own source file only, while the kernels
+    here inline the determinizer's functions: after an edit of ``determinizer.py`` their cached
+    machine code would still hold the old determinizer (and crash on a changed layout). A
+    stamp of that file beside the cache drops them when it changes."""
+    cache = getattr(_walk_kernel, "_cache", None)
+    folder = getattr(cache, "cache_path", None)
+    if folder is None:
+        return
+    try:
+        stamp = hashlib.sha256(Path(det.__file__).read_bytes()).hexdigest()
+        marker = Path(folder) / "token_walk.determinizer-stamp"
+        if marker.is_file() and marker.read_text() == stamp:
+            return
+        for stale in Path(folder).glob("token_walk.*.nb[ic]"):
+            stale.unlink(missing_ok=True)
+        marker.write_text(stamp)
+    except OSError:  # a read-only install: numba keeps its own cache elsewhere, or none
+        return
+
+
+_drop_stale_kernels()
