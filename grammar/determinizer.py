@@ -337,6 +337,15 @@ def intern_node(c, q, ps):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
+def _same_run(pool, start, buf, n):  # pragma: no cover
+    """pool[start:start + n] == buf[:n], element by element."""
+    for j in range(n):
+        if pool[start + j] != buf[j]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
 def _find_run(keys, vals, key, pool, starts, lens, buf, n):  # pragma: no cover
     """(id of the run equal to buf[:n] or -1, the free slot where the probe ended); keys are
     the runs' hashes."""
@@ -344,15 +353,8 @@ def _find_run(keys, vals, key, pool, starts, lens, buf, n):  # pragma: no cover
     h = _mix(key) & mask
     while vals[h] != -1:
         i = vals[h]
-        if keys[h] == key and lens[i] == n:
-            start = starts[i]
-            same = True
-            for j in range(n):
-                if pool[start + j] != buf[j]:
-                    same = False
-                    break
-            if same:
-                return i, h
+        if keys[h] == key and lens[i] == n and _same_run(pool, starts[i], buf, n):
+            return i, h
         h = (h + 1) & mask
     return -1, h
 
@@ -453,15 +455,8 @@ def _find_config(c, keys, vals, key, buf, n, flags):  # pragma: no cover
         cid = vals[h]
         if keys[h] == key and c.cfg_len[cid] == n:
             f = (1 if c.accepting[cid] else 0) | (2 if c.exits[cid] else 0)
-            if f == flags:
-                start = c.cfg_start[cid]
-                same = True
-                for i in range(n):
-                    if c.cfg_pool[start + i] != buf[i]:
-                        same = False
-                        break
-                if same:
-                    return cid, h
+            if f == flags and _same_run(c.cfg_pool, c.cfg_start[cid], buf, n):
+                return cid, h
         h = (h + 1) & mask
     return -1, h
 
@@ -730,15 +725,9 @@ def expand_row(c, cfg):  # pragma: no cover
             key = _hash_run(seeds, 0, nseeds, 0)
             found = -1
             for k in range(n_seen):
-                if seen_hash[k] == key and seen_len[k] == nseeds:
-                    same = True
-                    for j in range(nseeds):
-                        if pool[seen_start[k] + j] != seeds[j]:
-                            same = False
-                            break
-                    if same:
-                        found = k
-                        break
+                if seen_hash[k] == key and seen_len[k] == nseeds and _same_run(pool, seen_start[k], seeds, nseeds):
+                    found = k
+                    break
             if found >= 0:
                 target = seen_target[found]
             else:
