@@ -98,7 +98,21 @@ def encode_value(expr: ir.Expr) -> ir.Expr:
 @lru_cache(maxsize=4096)
 def quoted(value_expr: ir.Expr) -> ir.Expr:
     """A JSON string whose decoded value is in the character-level language ``value_expr``."""
-    return ir.seq(QUOTE, encode_value(value_expr), QUOTE)
+    return ir.seq(QUOTE, _closed(encode_value(value_expr)))
+
+
+def _closed(body: ir.Expr, depth: int = 0) -> ir.Expr:
+    """``body`` followed by the closing quote, the quote moved into the alternatives and the
+    last items of sequences. Free text (``ANY*``) then ends with its own quote wherever it
+    occurs: repeated all over a grammar, ``ANY* "`` is built once and called, and a state
+    inside it cannot return to its caller before the quote, so a mask of its top frames alone
+    stays exact (the string-region route) instead of leaking at every character. (The key
+    complement ``not_in`` has a free tail at every node of its trie.)"""
+    if depth < 200 and isinstance(body, ir.Choice):
+        return ir.choice(*(_closed(item, depth + 1) for item in body.items))
+    if depth < 200 and isinstance(body, ir.Seq) and body.items:
+        return ir.seq(*body.items[:-1], _closed(body.items[-1], depth + 1))
+    return ir.seq(body, QUOTE)
 
 
 @lru_cache(maxsize=65536)
