@@ -605,10 +605,11 @@ def initial_config(c, root_rule):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def _seeds_at(c, cfg, b, seeds):  # pragma: no cover
-    """The seeds of byte ``b`` from ``cfg``, sorted: (edge target << 32 | parent set) per matching
-    edge. Returns (seeds buffer, possibly grown; count)."""
+def _step(c, cfg, b):  # pragma: no cover
+    """The configuration after byte ``b`` from ``cfg`` (DEAD, or a status < DEAD)."""
     start, n = c.cfg_start[cfg], c.cfg_len[cfg]
+    # Seeds: (target, parent set) per matching edge; equal targets merge their parent sets.
+    seeds = np.empty(16, np.int64)
     nseeds = 0
     for i in range(start, start + n):
         node = c.cfg_pool[i]
@@ -621,22 +622,9 @@ def _seeds_at(c, cfg, b, seeds):  # pragma: no cover
                     seeds = grown
                 seeds[nseeds] = (np.int64(c.e_dst[e]) << 32) | np.int64(c.node_ps[node])
                 nseeds += 1
-    seeds[:nseeds].sort()
-    return seeds, nseeds
-
-
-@njit(cache=True, nogil=True)
-def _step(c, cfg, b):  # pragma: no cover
-    """The configuration after byte ``b`` from ``cfg`` (DEAD, or a status < DEAD)."""
-    seeds, nseeds = _seeds_at(c, cfg, b, np.empty(16, np.int64))
     if nseeds == 0:
         return DEAD
-    return _step_seeds(c, seeds, nseeds)
-
-
-@njit(cache=True, nogil=True)
-def _step_seeds(c, seeds, nseeds):  # pragma: no cover
-    """The configuration reached from sorted seeds (equal targets merge their parent sets)."""
+    seeds[:nseeds].sort()
     roots = np.empty(nseeds, np.int32)
     nroots = 0
     flags = 0
@@ -683,81 +671,9 @@ def _step_seeds(c, seeds, nseeds):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def expand_row(c, cfg):  # pragma: no cover
-    """Compute the whole transition row of ``cfg`` (no-op if done): one step per segment of
-    bytes on which no edge of its nodes begins or ends, skipping segments already computed.
-    Returns 0 or a status."""
-    if c.row_done[cfg]:
-        return 0
-    cut = np.zeros(257, np.bool_)
-    cut[0] = True
-    cut[256] = True
-    start, n = c.cfg_start[cfg], c.cfg_len[cfg]
-    for i in range(start, start + n):
-        q = c.node_q[c.cfg_pool[i]]
-        for e in range(c.e_ptr[q], c.e_ptr[q + 1]):
-            cut[c.e_lo[e]] = True
-            cut[c.e_hi[e] + 1] = True
-    row = np.empty(256, np.int32)
-    # Segments with equal seeds reach the same configuration (a character class split by another
-    # node's edges, ranges of one class leading to one state): each distinct seed set is stepped
-    # once; the others are found by hash and compared exactly.
-    seeds = np.empty(16, np.int64)
-    pool = np.empty(64, np.int64)
-    pool_n = 0
-    seen_start = np.empty(256, np.int64)
-    seen_len = np.empty(256, np.int64)
-    seen_hash = np.empty(256, np.int64)
-    seen_target = np.empty(256, np.int32)
-    n_seen = 0
-    lo = 0
-    while lo < 256:
-        hi = lo + 1
-        while not cut[hi]:
-            hi += 1
-        if c.table[cfg, lo] != UNEXPANDED:  # computed by expand_cell (a segment at a time)
-            row[lo:hi] = c.table[cfg, lo]
-            lo = hi
-            continue
-        seeds, nseeds = _seeds_at(c, cfg, lo, seeds)
-        target = DEAD
-        if nseeds > 0:
-            key = _hash_run(seeds, 0, nseeds, 0)
-            found = -1
-            for k in range(n_seen):
-                if seen_hash[k] == key and seen_len[k] == nseeds and _same_run(pool, seen_start[k], seeds, nseeds):
-                    found = k
-                    break
-            if found >= 0:
-                target = seen_target[found]
-            else:
-                target = _step_seeds(c, seeds, nseeds)
-                if target < DEAD:
-                    return target
-                if pool_n + nseeds > pool.shape[0]:
-                    grown = np.empty(2 * (pool_n + nseeds), np.int64)
-                    grown[:pool_n] = pool[:pool_n]
-                    pool = grown
-                pool[pool_n:pool_n + nseeds] = seeds[:nseeds]
-                seen_start[n_seen] = pool_n
-                seen_len[n_seen] = nseeds
-                seen_hash[n_seen] = key
-                seen_target[n_seen] = target
-                n_seen += 1
-                pool_n += nseeds
-        row[lo:hi] = target
-        lo = hi
-    c.table[cfg, :] = row  # after the steps: interning may have grown the table
-    c.row_done[cfg] = True
-    return 0
-
-
-@njit(cache=True, nogil=True)
-def expand_cell(c, cfg, b):  # pragma: no cover
-    """Compute the segment of ``cfg``'s row that byte ``b`` falls in (the bytes around it on
-    which no edge of its nodes begins or ends). Returns 0 or a status."""
-    if c.table[cfg, b] != UNEXPANDED:
-        return 0
+def _segment(c, cfg, b):  # pragma: no cover
+    """[lo, hi): the bytes around ``b`` on which no edge of ``cfg``'s nodes begins or ends
+    (they all step alike)."""
     lo, hi = 0, 256
     start, n = c.cfg_start[cfg], c.cfg_len[cfg]
     for i in range(start, start + n):
@@ -768,10 +684,38 @@ def expand_cell(c, cfg, b):  # pragma: no cover
                     lo = max(lo, edge)
                 else:
                     hi = min(hi, edge)
+    return lo, hi
+
+
+@njit(cache=True, nogil=True)
+def expand_cell(c, cfg, b):  # pragma: no cover
+    """Compute the segment of ``cfg``'s row that byte ``b`` falls in. Returns 0 or a status."""
+    if c.table[cfg, b] != UNEXPANDED:
+        return 0
+    lo, hi = _segment(c, cfg, b)
     target = _step(c, cfg, b)
     if target < DEAD:
         return target
     c.table[cfg, lo:hi] = target  # after the step: interning may have grown the table
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def expand_row(c, cfg):  # pragma: no cover
+    """Compute the whole transition row of ``cfg`` (no-op if done), a segment at a time,
+    skipping segments a walk already computed. Returns 0 or a status."""
+    if c.row_done[cfg]:
+        return 0
+    b = 0
+    while b < 256:
+        lo, hi = _segment(c, cfg, b)
+        if c.table[cfg, b] == UNEXPANDED:
+            target = _step(c, cfg, b)
+            if target < DEAD:
+                return target
+            c.table[cfg, lo:hi] = target
+        b = hi
+    c.row_done[cfg] = True
     return 0
 
 
