@@ -46,15 +46,96 @@ def load_schema(schema: dict | str | bool) -> tuple[Any, type]:
         raise SchemaError(f"a schema must be an object or a boolean, got {type(schema).__name__}")
     check_document_depth(schema, "the schema document")  # before the metaschema check recurses over it
     cls = validators.validator_for(schema, default=jsonschema.Draft202012Validator) if isinstance(schema, dict) else jsonschema.Draft202012Validator
+    if _valid_node_by_node(cls, schema):
+        return schema, cls
     distinct = _distinct_subschemas(schema)
     error = _check_schema(cls, distinct)
     if error is not None:
         # Schemas in the wild often use draft-07 spellings without saying so.
-        if isinstance(schema, dict) and "$schema" not in schema and _check_schema(jsonschema.Draft7Validator, distinct) is None:
+        if isinstance(schema, dict) and "$schema" not in schema and (
+            _valid_node_by_node(jsonschema.Draft7Validator, schema)
+            or _check_schema(jsonschema.Draft7Validator, distinct) is None
+        ):
             return schema, jsonschema.Draft7Validator
         where = "/" + "/".join(str(p) for p in error.path)
         raise SchemaError(f"invalid schema at {where}: {error.message}") from error
     return schema, cls
+
+
+# Keywords whose value every supported draft's metaschema requires to be a schema, a list of
+# schemas, or a map of named schemas. A stricter guess here only costs speed: a node the
+# node-by-node check cannot pass goes to the whole-document check, which decides.
+_CHILD = ("additionalProperties", "additionalItems", "contains", "propertyNames", "not", "if", "then", "else",
+          "unevaluatedItems", "unevaluatedProperties", "items", "contentSchema")
+_CHILD_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_CHILD_MAPS = ("properties", "$defs", "definitions", "dependentSchemas")  # names unchecked by the metaschema
+_FREE_TEXT = ("title", "description", "$comment")  # any string
+_NODE_VERDICTS: dict[tuple[type, str], bool] = {}
+_NODE_VERDICTS_MAX = 1 << 16
+
+
+_TAKEN: dict = {}
+
+
+def _take_child(child: Any, work: list) -> Any:
+    """What stands in for a subschema in its parent's node: an object subschema is queued to be
+    checked on its own and replaced by ``{}``; anything else (booleans, which draft 4 allows
+    only in some positions, or a wrong type) stays for the parent's check to judge."""
+    if isinstance(child, dict):
+        work.append(child)
+        return _TAKEN
+    return child
+
+
+def _valid_node_by_node(cls: type, schema: Any) -> bool:
+    """True when the metaschema of ``cls`` accepts ``schema`` for sure; False means "ask the
+    whole-document check" (which also words the error).
+
+    Every supported metaschema judges a subschema by its content alone, so each node is checked
+    on its own with its subschemas replaced by ``{}`` (valid in every draft), and verdicts are
+    kept per node content: across schemas the same small nodes (``{"type": "string"}``) recur,
+    and jsonschema's walk over the 2020-12 metaschema's dynamic references was a fifth of a
+    median compile. Free text and ``default`` (any value) are checked here and left out of the
+    key; map names the metaschema does not constrain are dropped."""
+    meta = _meta_validator(cls)
+    work = [schema]
+    while work:
+        node = work.pop()
+        if isinstance(node, dict):
+            shallow = dict(node)
+            for key in _FREE_TEXT:
+                if isinstance(shallow.get(key), str):
+                    del shallow[key]
+            shallow.pop("default", None)
+            for key in _CHILD:
+                if isinstance(shallow.get(key), dict):
+                    work.append(shallow[key])
+                    shallow[key] = {}
+            for key in _CHILD_LISTS:
+                value = shallow.get(key)
+                if isinstance(value, list) and value:
+                    shallow[key] = [_take_child(child, work) for child in value]
+            for key in _CHILD_MAPS:
+                value = shallow.get(key)
+                if isinstance(value, dict):
+                    shallow[key] = {k: v for k, v in value.items() if _take_child(v, work) is not _TAKEN}
+            value = shallow.get("patternProperties")
+            if isinstance(value, dict):  # its names are checked (as regexes), its values are schemas
+                shallow["patternProperties"] = {name: _take_child(child, work) for name, child in value.items()}
+            node = shallow
+        try:
+            key = (cls, json.dumps(node, sort_keys=True))
+        except (TypeError, ValueError):
+            return False
+        verdict = _NODE_VERDICTS.get(key)
+        if verdict is None:
+            verdict = meta.is_valid(node)
+            if len(_NODE_VERDICTS) >= _NODE_VERDICTS_MAX:
+                _NODE_VERDICTS.clear()
+            _NODE_VERDICTS[key] = verdict
+        if not verdict:
+            return False
+    return True
 
 
 # Maps of named subschemas whose names the metaschema does not check (patternProperties' names
