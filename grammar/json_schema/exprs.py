@@ -105,20 +105,22 @@ def const(value: Any) -> Const:
 
 def canonical(value: Any) -> str:
     """JSON text equal for JSON-equal values (1 == 1.0, key order ignored, but true != 1)."""
+    return json.dumps(_normalized(value), sort_keys=True, ensure_ascii=False)
 
-    def norm(v: Any) -> Any:
-        if isinstance(v, bool) or v is None or isinstance(v, str):
-            return v
-        if isinstance(v, (int, float)):
-            f = Fraction(str(v)) if isinstance(v, float) else Fraction(v)
-            return {"$num": str(f)}
-        if isinstance(v, list):
-            return [norm(x) for x in v]
-        if isinstance(v, dict):
-            return {k: norm(x) for k, x in v.items()}
+
+def _normalized(v: Any) -> Any:
+    # Module level, not a closure over itself: a self-referencing closure is a reference cycle
+    # that only the cyclic collector frees.
+    if isinstance(v, bool) or v is None or isinstance(v, str):
         return v
-
-    return json.dumps(norm(value), sort_keys=True, ensure_ascii=False)
+    if isinstance(v, (int, float)):
+        f = Fraction(str(v)) if isinstance(v, float) else Fraction(v)
+        return {"$num": str(f)}
+    if isinstance(v, list):
+        return [_normalized(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _normalized(x) for k, x in v.items()}
+    return v
 
 
 def _from_num(d: dict) -> Any:

@@ -10,6 +10,7 @@ through ``$ref``) becomes a grammar rule, so recursive schemas are rule cycles.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any, Iterable
 
@@ -26,6 +27,16 @@ from .objects import object_expr
 from .strings import any_string, encode_value, quoted
 from .strsets import StrSet, length_keyword
 
+def refuse_unless_relaxed(relaxed: frozenset[str], keyword: str, pointer: str, why: str = "") -> None:
+    """Raise UnsupportedFeatureError for ``keyword`` unless the caller relaxed it."""
+    if keyword in relaxed:
+        return
+    detail = f" ({why})" if why else ""
+    raise UnsupportedFeatureError(
+        f"keyword '{keyword}' at {pointer or '/'} is not enforced exactly{detail}; pass relax_keywords=['{keyword}'] to ignore it"
+    )
+
+
 MAX_NESTING = 150  # values being lowered at once (each level is a few Python frames)
 _BUILDING = object()
 
@@ -41,7 +52,9 @@ class Lowerer:
         self.rules: dict[str, ir.Expr] = {}
         validator = validator_cls(doc, format_checker=validator_cls.FORMAT_CHECKER)
         legacy = validator_cls not in (jsonschema.Draft202012Validator,)
-        self.den = Denoter(doc, validator, self.refuse, legacy_items=legacy, dynamic=dynamic)
+        # Not ``self.refuse``: a bound method would tie the two in a reference cycle that keeps
+        # every compile's IR alive until the cyclic collector runs.
+        self.den = Denoter(doc, validator, functools.partial(refuse_unless_relaxed, self.relaxed), legacy_items=legacy, dynamic=dynamic)
         self._memo: dict[tuple[Expr, int], Any] = {}
         self._cycles: dict[tuple[Expr, int], str] = {}
         self._fresh = 0
@@ -54,13 +67,7 @@ class Lowerer:
 
     # ---------------------------------------------------------------- helpers
     def refuse(self, keyword: str, pointer: str, why: str = "") -> None:
-        """Raise UnsupportedFeatureError for ``keyword`` unless the caller relaxed it."""
-        if keyword in self.relaxed:
-            return
-        detail = f" ({why})" if why else ""
-        raise UnsupportedFeatureError(
-            f"keyword '{keyword}' at {pointer or '/'} is not enforced exactly{detail}; pass relax_keywords=['{keyword}'] to ignore it"
-        )
+        refuse_unless_relaxed(self.relaxed, keyword, pointer, why)
 
     def unique_site(self, c, ptr: str) -> None:
         """An array whose items must be unique and cannot be enumerated: the matcher enforces it

@@ -266,9 +266,15 @@ def normalize_refs(schema: Any, dynamic: Dynamic | None = None) -> Any:
     refs: list[tuple[dict, str]] = []  # (node, base) whose $ref needs rewriting
     dyn_refs: list[tuple[dict, str, str]] = []  # (node, base, pointer) with a $dynamicRef
 
-    def walk(node: Any, pointer: str, base: str) -> None:
+    root_base = urldefrag(urljoin(DEFAULT_BASE, doc["$id"]))[0] if isinstance(doc.get("$id"), str) else DEFAULT_BASE
+    resources[root_base] = ""
+    # Depth first in document order, with a stack (a recursive closure would be a reference cycle
+    # holding the whole document until the cyclic collector runs).
+    stack: list[tuple[Any, str, str]] = [(doc, "", root_base)]
+    while stack:
+        node, pointer, base = stack.pop()
         if not isinstance(node, dict):
-            return
+            continue
         if isinstance(node.get("$id"), str):
             uri, frag = urldefrag(_join(base, node["$id"]))
             if uri:
@@ -285,12 +291,7 @@ def normalize_refs(schema: Any, dynamic: Dynamic | None = None) -> Any:
             refs.append((node, base))
         if isinstance(node.get("$dynamicRef"), str):
             dyn_refs.append((node, base, pointer))
-        for child, child_ptr in _subschemas(node, pointer):
-            walk(child, child_ptr, base)
-
-    root_base = urldefrag(urljoin(DEFAULT_BASE, doc["$id"]))[0] if isinstance(doc.get("$id"), str) else DEFAULT_BASE
-    resources[root_base] = ""
-    walk(doc, "", root_base)
+        stack.extend((child, child_ptr, base) for child, child_ptr in reversed(list(_subschemas(node, pointer))))
     for node, base in refs:
         node["$ref"] = "#" + _target(node["$ref"], base, resources, anchors, doc)
     for node, base, pointer in dyn_refs:
