@@ -878,3 +878,60 @@ def differing_bytes(c, s, f, depth, max_pairs):  # pragma: no cover
             out[no] = byte
             no += 1
     return out[:no], 0
+
+
+@njit(cache=True, nogil=True)
+def agree_to_depth(c, x, y, depth, max_pairs):  # pragma: no cover
+    """1 when ``x`` and ``y`` cannot be told apart by any byte string of at most ``depth`` bytes:
+    on each, both live or both dead, through states with equal exit and accepting flags (so every
+    token that short walks alike from the two); 0 when not shown within ``max_pairs`` distinct
+    pairs; < 0 a status. Unlike :func:`_agree` the two need never meet: the positions of a
+    counted repeat (``maxLength``) stay distinct states that differ only far ahead."""
+    size = 64
+    while size < 4 * max_pairs:
+        size <<= 1
+    keys = np.full(size, -1, np.int64)  # open addressing: pair -> deepest depth queued for it
+    deepest = np.zeros(size, np.int64)
+    stack = np.empty((64, 3), np.int64)
+    stack[0, 0], stack[0, 1], stack[0, 2] = x, y, depth
+    n = 1
+    pairs = 0
+    while n > 0:
+        n -= 1
+        a, b, d = stack[n, 0], stack[n, 1], stack[n, 2]
+        if c.exits[a] != c.exits[b] or c.accepting[a] != c.accepting[b]:
+            return 0
+        if d == 0:
+            continue
+        status = expand_row(c, a)
+        if status < 0:
+            return status
+        status = expand_row(c, b)
+        if status < 0:
+            return status
+        for byte in range(256):
+            ta, tb = c.table[a, byte], c.table[b, byte]
+            if (ta < 0) != (tb < 0):
+                return 0
+            if ta == tb:
+                continue
+            key = (np.int64(ta) << 32) | np.int64(tb)
+            h = (key * 0x9E3779B97F4A7C15) & (size - 1)
+            while keys[h] != -1 and keys[h] != key:
+                h = (h + 1) & (size - 1)
+            if keys[h] == key:
+                if deepest[h] >= d - 1:
+                    continue
+            else:
+                pairs += 1
+                if pairs > max_pairs:
+                    return 0
+                keys[h] = key
+            deepest[h] = d - 1
+            if n == stack.shape[0]:
+                grown = np.empty((2 * n, 3), np.int64)
+                grown[:n] = stack[:n]
+                stack = grown
+            stack[n, 0], stack[n, 1], stack[n, 2] = ta, tb, d - 1
+            n += 1
+    return 1

@@ -237,3 +237,47 @@ def test_free_key_text_ends_with_its_quote_so_its_parts_take_the_region_route(qw
         assert m.accept_bytes(doc[i])
     assert m.can_terminate()
     assert compiled.masks.routes["region part"] >= 20, compiled.masks.routes
+
+
+NEAR_CASES = {
+    # A counted string under a called rule (an array of objects): each position is a new state.
+    "maxLength under nesting": ("json_schema", {"type": "array", "items": {"type": "object", "properties": {
+        "note": {"type": "string", "maxLength": 200}, "id": {"type": "integer"}}, "required": ["note", "id"],
+        "additionalProperties": False}}),
+    # Short enough that tokens longer than NEAR_DEPTH bytes decide between neighbours.
+    "short counted text": ("regex", r"<[a-z ]{0,20}>[0-9]{1,30}"),
+    "recursive grammar with counted strings": ("ebnf", 'root ::= "[" item ("," item)* "]"\n'
+                                               'item ::= root | "\\"" [a-z ]{0,24} "\\""'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NEAR_CASES))
+@pytest.mark.parametrize("vocab_name", ["smollm2_vocab", "qwen2_vocab"])
+def test_masks_from_the_state_before_equal_reference(vocab_name, case, request):
+    """A matcher's mask may come from the state before its last token when no string of
+    NEAR_DEPTH bytes tells the two apart (the next position of a counted repeat), the tokens
+    longer than that checked one by one. Every mask of random walks through counted strings
+    equals the reference, and the route did run."""
+    vocab = request.getfixturevalue(vocab_name)
+    kind, source = NEAR_CASES[case]
+    compiled = _compile(kind, source, vocab)
+    ref = _reference(vocab)
+    rng = random.Random(3)
+    mask = grammar.allocate_token_bitmask(1, vocab.vocab_size)
+    checked = 0
+    for _ in range(4):
+        m = GrammarMatcher(compiled)
+        for _step in range(40):
+            m.fill_next_token_bitmask(mask, 0)
+            expected = ref.row(compiled.automaton, m.state)
+            assert np.array_equal(mask[0, : len(expected)], expected), f"state {m.state}"
+            checked += 1
+            allowed = ref.allowed(compiled.automaton, m.state)
+            # Mostly letters and spaces, so walks stay inside the counted text and use long tokens.
+            texty = [t for t in np.flatnonzero(allowed).tolist() if vocab.token_bytes[t].strip(b"abcdefghijklmnopqrstuvwxyz ") == b""]
+            choices = texty if texty and rng.random() < 0.85 else np.flatnonzero(allowed).tolist()
+            if not choices:
+                break
+            assert m.accept_token(rng.choice(choices))
+    assert checked > 60
+    assert compiled.masks.routes["near"] >= 5, compiled.masks.routes
