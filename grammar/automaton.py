@@ -160,14 +160,6 @@ class LazyAutomaton:
         self.check_status(int(status))
         return out
 
-    def agree_to_depth(self, state: int, other: int, depth: int, max_pairs: int = 1024) -> bool:
-        """Whether no byte string of at most ``depth`` bytes tells ``state`` and ``other`` apart
-        (live or dead alike, equal exit and accepting flags along the way): then every token that
-        short is allowed in one exactly when it is in the other."""
-        with self.lock:
-            status = det.agree_to_depth(self.core, state, other, depth, max_pairs)
-        return self.check_status(int(status)) == 1
-
     # ------------------------------------------------------------------ introspection
     def frame(self, nid: int) -> tuple[int, tuple[int, ...]]:
         """(NFA state, parent node ids and bottom markers) of stack node ``nid``."""

@@ -80,31 +80,30 @@ class CompiledGrammar:
         return self.automaton.initial_state
 
     # ------------------------------------------------------------------ masks
-    def token_mask(self, state: int, near: int | None = None) -> np.ndarray:
+    def token_mask(self, state: int) -> np.ndarray:
         """Packed int32 mask row of the tokens allowed in ``state`` (cached per state; shared,
-        so callers copy it and never write to it). ``near``: a state visited just before, whose
-        cached row may serve when the two behave alike for many bytes (see GrammarMasks.row)."""
-        return self.masks.row(state, near)
+        so callers copy it and never write to it)."""
+        return self.masks.row(state)
 
-    def budgeted_token_mask(self, state: int, remaining_tokens: int, near: int | None = None) -> np.ndarray:
+    def budgeted_token_mask(self, state: int, remaining_tokens: int) -> np.ndarray:
         """Tokens after which a complete document still fits in ``remaining_tokens`` tokens in all
         (this one and the final EOS included), assuming any byte can be emitted as one token.
         Falls back to the plain mask when no token meets the budget, so a row is never empty.
         Budgets beyond ``BUDGET_HORIZON`` tokens are treated as unlimited."""
         if remaining_tokens > BUDGET_HORIZON:
-            return self.token_mask(state, near)
+            return self.token_mask(state)
         worst = self._max_after.get(state)
         if worst is not None and worst <= remaining_tokens - 2:
-            return self.token_mask(state, near)
+            return self.token_mask(state)
         ids, dists = self._distances_after_token(state)
         if len(dists) == 0 or int(dists.max()) <= remaining_tokens - 2:
-            return self.token_mask(state, near)
+            return self.token_mask(state)
         budgeted = np.zeros(self.vocab.vocab_size, dtype=bool)
         budgeted[ids[dists <= remaining_tokens - 2]] = True
         if self.automaton.accepting[state]:
             budgeted[self.trie.eos_ids] = True
         if not budgeted.any():
-            return self.token_mask(state, near)
+            return self.token_mask(state)
         return pack_bool_mask(budgeted)
 
     def _distances_after_token(self, state: int) -> tuple[np.ndarray, np.ndarray]:

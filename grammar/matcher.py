@@ -126,12 +126,10 @@ class GrammarMatcher:
             target[:] = 0
             return
         compiled = self.compiled
-        states = self._states
-        near = states[-2] if len(states) > 1 else None  # the state before the last token
         if remaining_tokens is None:
-            row = compiled.token_mask(states[-1], near)
+            row = compiled.token_mask(self.state)
         else:
-            row = compiled.budgeted_token_mask(states[-1], remaining_tokens, near)
+            row = compiled.budgeted_token_mask(self.state, remaining_tokens)
         width = len(row)
         target[:width] = row
         if self._check is not None:

@@ -19,7 +19,6 @@ by bytes). Each has one lock, held only to read or update its caches, never duri
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections import Counter
@@ -52,10 +51,6 @@ MAX_SIBLING_WALK_SHARE = 0.05
 # Two targets of one byte count as agreeing when they reach equal states within this many bytes
 # on every path (a UTF-8 character's middle states, an escape sequence).
 SIBLING_AGREE_DEPTH = 6
-# A state whose next NEAR_DEPTH bytes cannot be told from a neighbour's (the state before the last
-# token, say: the next position of a maxLength string) takes the neighbour's mask for tokens that
-# short and checks the longer ones (1.3% of Qwen2's vocabulary past 16 bytes) one by one.
-NEAR_DEPTH = 16
 # Region splits kept per vocabulary (a split is one packed row plus its leaving tokens).
 SHARED_SPLIT_BYTES = 64 << 20
 
@@ -70,17 +65,6 @@ class VocabularyMasks:
 
     def split_for(self, region: Region) -> RegionSplit:
         return self.splits.get_or_compute(region.shape_key, lambda: split_region(self.trie, region))
-
-    @functools.cached_property
-    def long_tokens(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sorted positions of the tokens longer than NEAR_DEPTH bytes, packed bits of every
-        token id that long, duplicates included)."""
-        trie = self.trie
-        positions = np.flatnonzero(trie.sorted_len > NEAR_DEPTH).astype(np.int32)
-        bits = np.zeros(trie.width, dtype=np.uint32)
-        set_token_bits(bits, trie.sorted_ids[positions])
-        add_duplicates(trie, bits)
-        return positions, bits
 
 
 _VOCABULARIES: dict[str, VocabularyMasks] = {}
@@ -152,16 +136,14 @@ class GrammarMasks:
         self._eos_bits = (np.uint32(1) << (trie_eos & 31).astype(np.uint32)).astype(np.uint32)
 
     # ------------------------------------------------------------------ the route
-    def row(self, state: int, near: int | None = None) -> np.ndarray:
-        """The packed row of ``state`` (shared: callers copy it, never write to it). ``near``: a
-        state whose row may be cached and whose near future may match this one's (a matcher
-        passes the state before its last token)."""
+    def row(self, state: int) -> np.ndarray:
+        """The packed row of ``state`` (shared: callers copy it, never write to it)."""
         row = self._rows.get(state)
         if row is None:
-            row = self._rows.put(state, self.compute(state, near=near).view(np.int32))
+            row = self._rows.put(state, self.compute(state).view(np.int32))
         return row
 
-    def compute(self, state: int, *, via_sibling: bool = True, near: int | None = None) -> np.ndarray:
+    def compute(self, state: int, *, via_sibling: bool = True) -> np.ndarray:
         """The uint32 bits of ``state``'s allowed tokens, EOS included, uncached."""
         bits, route = None, "walk"
         region = self.region_of(state)
@@ -169,9 +151,7 @@ class GrammarMasks:
             split = self.shared.split_for(region)
             if split.worth_it:
                 bits, route = region_mask(self.trie, self.automaton, region, split)[0], "region"
-        if bits is None and near is not None and near != state:
-            bits, route = self._near_mask(state, near), "near"
-        if bits is None and region is None:
+        else:
             # Truncation first: its parts are shared by every stack a node occurs under; the
             # sibling's mask is the real state's own (a key prefix under ten object positions
             # would otherwise recompute the free key's mask ten times).
@@ -195,22 +175,6 @@ class GrammarMasks:
         with self._lock:
             self._regions[state] = region
         return region
-
-    def _near_mask(self, state: int, near: int) -> np.ndarray | None:
-        """The mask of ``state`` from the cached row of ``near`` when no string of NEAR_DEPTH
-        bytes tells the two apart: every token that short walks alike from both, and the longer
-        ones are checked from ``state`` itself. None when ``near``'s row is not cached or the
-        two differ within that depth (found after a few rows, usually the first)."""
-        base = self._rows.get(near)
-        if base is None or not self.automaton.agree_to_depth(state, near, NEAR_DEPTH):
-            return None
-        positions, long_bits = self.shared.long_tokens
-        bits = base.view(np.uint32) & ~long_bits
-        np.bitwise_and.at(bits, self._eos_words, ~self._eos_bits)  # EOS follows this state's own acceptance
-        outcome, _ = check_tokens(self.trie, self.automaton, positions, np.full(len(positions), state, dtype=np.int32))
-        set_token_bits(bits, self.trie.sorted_ids[positions[outcome == ALLOWED]])
-        add_duplicates(self.trie, bits)
-        return bits
 
     # ------------------------------------------------------------------ sibling states
     def _sibling_of(self, state: int) -> tuple[int, np.ndarray] | None:
