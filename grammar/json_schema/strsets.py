@@ -139,7 +139,7 @@ def _approx(a: tuple | None, b: tuple | None) -> tuple | None:
     return (a[0], a[1], safe)
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=256)
 def materialize(s: StrSet) -> char_dfa.CharDFA:
     """The DFA of ``s`` (GrammarBudgetError from ``char_dfa`` when too big)."""
     if s.dfa is not None:
