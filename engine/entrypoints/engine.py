@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import queue
 import threading
 import time
@@ -30,6 +31,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from grammar import TokenVocabulary
+from grammar.token_masks import vocabulary_masks
 
 from ..constrained.grammar_backend import GrammarBackend
 from ..managers.detokenizer import Detokenizer, TokenTexts
@@ -90,6 +92,10 @@ class Engine:
             ),
         )
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.vocab, self.grammar_backend, config, self._delivery.put)
+        if args.freeze_gc_after_startup:
+            vocabulary_masks(self.vocab)  # the token trie and the mask kernels, loaded before freezing
+            gc.collect()
+            gc.freeze()
         self.scheduler.start()
         self._closed = False
 

@@ -30,6 +30,10 @@ class EngineArgs:
     speculative_num_draft_tokens: int = 4
     speculative_draft_model_path: str | None = None  # default for draft_model: the target's first layers
     speculative_draft_num_layers: int | None = None  # layers of that self-speculative draft
+    # gc.freeze() once loaded: full collections then skip the startup heap (numba alone brings
+    # 50k objects; the tokenizer, the vocabulary and the model add more), each one otherwise a
+    # stall of 100 ms or more for every running request.
+    freeze_gc_after_startup: bool = True
 
     @classmethod
     def from_options(cls, model_path: str | None = None, **options: Any) -> EngineArgs:
