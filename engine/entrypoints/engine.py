@@ -109,6 +109,10 @@ class Engine:
         self._delivery.put(None)
         self._delivery_thread.join()
         self.grammar_backend.shutdown()
+        if self.args.freeze_gc_after_startup:
+            # Frozen objects are never collected: an engine shut down inside a longer-lived
+            # process (tests, notebooks) hands its startup heap back to the collector.
+            gc.unfreeze()
 
     def __enter__(self) -> Engine:
         return self
