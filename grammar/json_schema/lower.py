@@ -27,6 +27,7 @@ from .objects import object_expr
 from .strings import any_string, encode_value, quoted
 from .strsets import StrSet, length_keyword
 
+
 def refuse_unless_relaxed(relaxed: frozenset[str], keyword: str, pointer: str, why: str = "") -> None:
     """Raise UnsupportedFeatureError for ``keyword`` unless the caller relaxed it."""
     if keyword in relaxed:
@@ -52,9 +53,10 @@ class Lowerer:
         self.rules: dict[str, ir.Expr] = {}
         validator = validator_cls(doc, format_checker=validator_cls.FORMAT_CHECKER)
         legacy = validator_cls not in (jsonschema.Draft202012Validator,)
-        # Not ``self.refuse``: a bound method would tie the two in a reference cycle that keeps
-        # every compile's IR alive until the cyclic collector runs.
-        self.den = Denoter(doc, validator, functools.partial(refuse_unless_relaxed, self.relaxed), legacy_items=legacy, dynamic=dynamic)
+        # A partial over the relaxed set, not a bound method: the denoter holding the lowerer
+        # would be a reference cycle keeping every compile's IR alive until the cyclic collector runs.
+        self.refuse = functools.partial(refuse_unless_relaxed, self.relaxed)
+        self.den = Denoter(doc, validator, self.refuse, legacy_items=legacy, dynamic=dynamic)
         self._memo: dict[tuple[Expr, int], Any] = {}
         self._cycles: dict[tuple[Expr, int], str] = {}
         self._fresh = 0
@@ -66,9 +68,6 @@ class Lowerer:
         self._lowered: dict[tuple[Denot, int], ir.Expr] = {}
 
     # ---------------------------------------------------------------- helpers
-    def refuse(self, keyword: str, pointer: str, why: str = "") -> None:
-        refuse_unless_relaxed(self.relaxed, keyword, pointer, why)
-
     def unique_site(self, c, ptr: str) -> None:
         """An array whose items must be unique and cannot be enumerated: the matcher enforces it
         (``unique_check``); ``json_schema_to_grammar`` attaches the check."""

@@ -31,6 +31,9 @@ _SINGLE = ("additionalProperties", "additionalItems", "contains", "propertyNames
            "unevaluatedItems", "unevaluatedProperties", "items")
 _LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
+# Maps of named subschemas whose names the metaschema does not check (patternProperties' names
+# are regexes it does check, so that map is kept whole).
+_NAMED_SUBSCHEMAS = ("properties", "$defs", "definitions", "dependentSchemas")
 
 
 def load_schema(schema: dict | str | bool) -> tuple[Any, type]:
@@ -63,12 +66,10 @@ def load_schema(schema: dict | str | bool) -> tuple[Any, type]:
 
 
 # Keywords whose value every supported draft's metaschema requires to be a schema, a list of
-# schemas, or a map of named schemas. A stricter guess here only costs speed: a node the
-# node-by-node check cannot pass goes to the whole-document check, which decides.
-_CHILD = ("additionalProperties", "additionalItems", "contains", "propertyNames", "not", "if", "then", "else",
-          "unevaluatedItems", "unevaluatedProperties", "items", "contentSchema")
-_CHILD_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-_CHILD_MAPS = ("properties", "$defs", "definitions", "dependentSchemas")  # names unchecked by the metaschema
+# schemas, or a map of named schemas (the positions ``_subschemas`` walks, and ``contentSchema``).
+# A stricter guess here only costs speed: a node the node-by-node check cannot pass goes to the
+# whole-document check, which decides.
+_CHILD = _SINGLE + ("contentSchema",)
 _FREE_TEXT = ("title", "description", "$comment")  # any string
 _NODE_VERDICTS: dict[tuple[type, str], bool] = {}
 _NODE_VERDICTS_MAX = 1 << 16
@@ -108,14 +109,13 @@ def _valid_node_by_node(cls: type, schema: Any) -> bool:
                     del shallow[key]
             shallow.pop("default", None)
             for key in _CHILD:
-                if isinstance(shallow.get(key), dict):
-                    work.append(shallow[key])
-                    shallow[key] = {}
-            for key in _CHILD_LISTS:
+                if key in shallow:
+                    shallow[key] = _take_child(shallow[key], work)
+            for key in _LISTS:
                 value = shallow.get(key)
                 if isinstance(value, list) and value:
                     shallow[key] = [_take_child(child, work) for child in value]
-            for key in _CHILD_MAPS:
+            for key in _NAMED_SUBSCHEMAS:
                 value = shallow.get(key)
                 if isinstance(value, dict):
                     shallow[key] = {k: v for k, v in value.items() if _take_child(v, work) is not _TAKEN}
@@ -138,9 +138,6 @@ def _valid_node_by_node(cls: type, schema: Any) -> bool:
     return True
 
 
-# Maps of named subschemas whose names the metaschema does not check (patternProperties' names
-# are regexes it does check, so that map is kept whole).
-_NAMED_SUBSCHEMAS = ("properties", "$defs", "definitions", "dependentSchemas")
 
 
 def _distinct_subschemas(schema: Any) -> Any:
