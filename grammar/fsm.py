@@ -29,6 +29,8 @@ INLINE_MAX_STATES = 300
 # as a rule of its own, and called (its return address goes on the parser stack) instead of
 # being copied: front ends repeat big pieces (string bodies, whitespace, any-JSON values).
 SHARE_MIN_STATES = 16
+# Size estimates are only ever compared with thresholds below this: they stop counting here.
+SIZE_CAP = INLINE_MAX_STATES + 1
 
 
 @dataclass
@@ -426,56 +428,71 @@ class _Builder:
 
     # -- size estimates for budgets and inlining
     def size(self, e: ir.Expr) -> int:
-        """Estimated NFA states of ``e`` (post-order over distinct nodes, no recursion)."""
+        """Estimated NFA states of ``e``, or ``SIZE_CAP`` for every estimate at or above it.
+
+        Every decision compares an estimate with a threshold below the cap (sharing, inlining,
+        a repetition's budget), so the walk stops adding children once a node reaches it: sizing
+        a big rule body visits a few hundred nodes, not all of them. Depth-first over distinct
+        nodes with an explicit stack (no recursion however deep the IR)."""
         memo = self._size_memo
-        if id(e) in memo:
-            return memo[id(e)]
-        stack: list[tuple[ir.Expr, bool]] = [(e, False)]
+        got = memo.get(id(e))
+        if got is not None:
+            return got
+        stack = [self._size_frame(e)]
         while stack:
-            x, done = stack.pop()
-            if id(x) in memo:
+            frame = stack[-1]
+            node, kids, i, total = frame
+            while i < len(kids) and total < SIZE_CAP:
+                child = kids[i]
+                value = memo.get(id(child))
+                if value is None:
+                    break
+                total += self._size_share(node, child, value)
+                i += 1
+            else:
+                memo[id(node)] = min(total, SIZE_CAP)
+                self._size_keep.append(node)
+                stack.pop()
                 continue
-            deps = self._size_deps(x)
-            if deps and not done:
-                stack.append((x, True))
-                stack.extend((d, False) for d in deps if id(d) not in memo)
-                continue
-            memo[id(x)] = min(self._size_of(x), 1 << 40)
-            self._size_keep.append(x)
+            frame[2], frame[3] = i, total
+            stack.append(self._size_frame(kids[i]))
         return memo[id(e)]
 
-    def _size_deps(self, e: ir.Expr) -> tuple[ir.Expr, ...]:
-        if isinstance(e, ir.Ref):
-            return () if e.name in self.recursive else (self.grammar.rules[e.name],)
-        return children(e)
-
-    def _size_of(self, e: ir.Expr) -> int:
-        memo = self._size_memo
-
-        def cost(child: ir.Expr) -> int:
-            # A big child that occurs more than once is built once and called: one edge here
-            # (counting it in full makes nested arrays, whose item occurs twice, look exponential).
-            size = memo[id(child)]
-            return 1 if size >= SHARE_MIN_STATES and id(child) in self.repeated else size
-
-        if isinstance(e, ir.Literal):
-            return len(e.data)
-        if isinstance(e, ir.CharClass):
+    def _size_frame(self, e: ir.Expr) -> list:
+        """``[node, the children its estimate adds up, next child, the sum so far]``."""
+        kind = type(e)
+        if kind is ir.Seq or kind is ir.Choice:
+            return [e, e.items, 0, 1]
+        if kind is ir.Repeat:
+            return [e, (e.item,), 0, 1]
+        if kind is ir.Graph:
+            return [e, tuple(x for _, x, _ in e.edges), 0, 1 + len(e.edges)]
+        if kind is ir.Ref:
+            if e.name in self.recursive:
+                return [e, (), 0, 1]
+            return [e, (self.grammar.rules[e.name],), 0, 0]
+        if kind is ir.Literal:
+            return [e, (), 0, len(e.data)]
+        if kind is ir.CharClass:
             # One state per UTF-8 byte of each byte-range sequence (an upper bound: tails are
             # shared); "any character" is about a dozen, enough to be built once and called
             # when repeated thousands of times ([\s\S]{100000}).
-            return 1 + sum(len(seq) - 1 for seq in class_byte_sequences(e.ranges))
-        if isinstance(e, (ir.Seq, ir.Choice)):
-            return 1 + sum(cost(i) for i in e.items)
-        if isinstance(e, ir.Repeat):
-            copies = max(e.min if e.max is None else e.max, 1)
-            item = memo[id(e.item)]
-            return 1 + (2 if copies > 1 and item >= SHARE_MIN_STATES else cost(e.item)) * copies
-        if isinstance(e, ir.Graph):
-            return 1 + len(e.edges) + sum(cost(x) for _, x, _ in e.edges)
-        if isinstance(e, ir.Ref):
-            return memo[id(self.grammar.rules[e.name])] if self._should_inline(e.name) else 1
-        return 1
+            return [e, (), 0, 1 + sum(len(seq) - 1 for seq in class_byte_sequences(e.ranges))]
+        return [e, (), 0, 1]
+
+    def _size_share(self, parent: ir.Expr, child: ir.Expr, size: int) -> int:
+        """What ``child``, estimated at ``size``, adds to ``parent``'s estimate."""
+        kind = type(parent)
+        if kind is ir.Ref:
+            return size if self._should_inline(parent.name) else 1
+        if kind is ir.Repeat:
+            copies = max(parent.min if parent.max is None else parent.max, 1)
+            if copies > 1 and size >= SHARE_MIN_STATES:
+                return 2 * copies  # built once, called from every copy
+            return copies * (1 if size >= SHARE_MIN_STATES and id(child) in self.repeated else size)
+        # A big child that occurs more than once is built once and called: one edge here
+        # (counting it in full makes nested arrays, whose item occurs twice, look exponential).
+        return 1 if size >= SHARE_MIN_STATES and id(child) in self.repeated else size
 
     def _should_inline(self, name: str) -> bool:
         ok = self._inline_memo.get(name)

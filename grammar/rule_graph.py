@@ -112,40 +112,53 @@ def _scan(grammar: ir.Grammar) -> tuple[dict[str, frozenset[str]], set[int], dic
     count: dict[int, int] = {}  # id of a value's first node -> times the value occurs as a child
     ref_counts: dict[str, int] = {}
     keep_alive = []  # ids are only unique while the nodes live
+    # Every node is examined on the stack's top until its children are done (a composite node
+    # twice: once to push them, once to finish); type tests and loops are inlined, this pass
+    # sees every node of a grammar.
+    seq, choice, repeat, graph, ref = ir.Seq, ir.Choice, ir.Repeat, ir.Graph, ir.Ref
     for body in grammar.rules.values():
-        stack: list[tuple[ir.Expr, bool]] = [(body, False)]
+        stack: list[ir.Expr] = [body]
         while stack:
-            e, done = stack.pop()
+            e = stack[-1]
             key = id(e)
             if key in node_refs:
+                stack.pop()
                 continue
-            if isinstance(e, ir.Ref):
-                node_refs[key] = frozenset((e.name,))
+            kind = type(e)
+            if kind is seq or kind is choice:
+                kids = e.items  # type: ignore[union-attr]
+            elif kind is repeat:
+                kids = (e.item,)  # type: ignore[union-attr]
+            elif kind is graph:
+                kids = tuple([x for _, x, _ in e.edges])  # type: ignore[union-attr]
+            else:
+                node_refs[key] = frozenset((e.name,)) if kind is ref else _NO_REFS  # type: ignore[union-attr]
                 keep_alive.append(e)
+                stack.pop()
                 continue
-            kids = children(e)
-            if not kids:
-                node_refs[key] = _NO_REFS
-                keep_alive.append(e)
+            waiting = False
+            for child in kids:
+                if id(child) not in node_refs:
+                    stack.append(child)
+                    waiting = True
+            if waiting:
                 continue
-            if not done:
-                stack.append((e, True))
-                stack.extend((c, False) for c in kids if id(c) not in node_refs)
-                continue
+            stack.pop()
             found = _NO_REFS
             for child in kids:
                 refs = node_refs[id(child)]
                 if refs:
-                    found = found | refs
-                if isinstance(child, _COMPOSITE):
+                    found = found | refs if found else refs
+                ckind = type(child)
+                if ckind is seq or ckind is choice or ckind is repeat or ckind is graph:
                     # Children are done before their parents, so hashing a child never recurses
                     # deeper than its own children.
                     first = canon_of.get(id(child))
                     if first is None:
                         first = canon_of[id(child)] = id(canon.setdefault(child, child))
                     count[first] = count.get(first, 0) + 1
-                elif isinstance(child, ir.Ref):
-                    ref_counts[child.name] = ref_counts.get(child.name, 0) + 1
+                elif ckind is ref:
+                    ref_counts[child.name] = ref_counts.get(child.name, 0) + 1  # type: ignore[union-attr]
             node_refs[key] = found
             keep_alive.append(e)
         if isinstance(body, ir.Ref):
