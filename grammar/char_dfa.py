@@ -9,7 +9,9 @@ back as an ``ir.Graph`` with one character class per edge.
 
 Representation: the code points are cut into *symbols* (``bounds``: symbol i is
 ``bounds[i] .. bounds[i+1]-1``), and ``table[state, symbol]`` is the next state (-1: dead).
-State 0 starts. Tables are numpy arrays, so products and the Moore minimization run row-wise.
+State 0 starts. Tables are numpy arrays; products and the Moore minimization are compiled
+(numba) loops over them: the automata here are small, tens of states over tens of symbols, and
+numpy's per-call costs made a row-wise round cost more than its work.
 Surrogates (U+D800..U+DFFF) are one symbol that is always dead: they never occur in text.
 
 Anchors: the regex front end marks a strict ``^`` / ``$`` that is not at an end of the pattern
@@ -23,6 +25,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from numba import njit, types
+from numba.typed import Dict
 
 from . import ir
 from .errors import GrammarBudgetError
@@ -78,7 +82,7 @@ def _refine(dfa: CharDFA, bounds: np.ndarray) -> np.ndarray:
 
 
 def _product(a: CharDFA, b: CharDFA, op: str) -> CharDFA:
-    """The product automaton, explored breadth-first one layer at a time with numpy."""
+    """The product automaton of the pairs reachable from the two start states, minimized."""
     bounds = np.union1d(a.bounds, b.bounds)
     ta, tb = _refine(a, bounds), _refine(b, bounds)
     na, nb = a.num_states, b.num_states
@@ -87,35 +91,10 @@ def _product(a: CharDFA, b: CharDFA, op: str) -> CharDFA:
     tb = np.vstack([np.where(tb < 0, nb, tb), np.full((1, tb.shape[1]), nb, dtype=np.int32)]).astype(np.int64)
     acc_a = np.append(a.accepting, False)
     acc_b = np.append(b.accepting, False)
+    table, codes = _product_kernel(ta, tb, _OPS[op], MAX_DFA_STATES)
+    if table is None:
+        raise GrammarBudgetError(f"string constraint needs more than {MAX_DFA_STATES} DFA states")
     width = nb + 1
-    ids: dict[int, int] = {0: 0}  # pair code p * width + q -> product state
-    codes_of = [0]
-    rows: list[np.ndarray] = []
-    frontier = np.array([0], dtype=np.int64)
-    while len(frontier):
-        p, q = frontier // width, frontier % width
-        nxt = ta[p] * width + tb[q]  # [layer, symbols]
-        dead = np.zeros(nxt.shape, dtype=bool)
-        if op == "and":
-            dead = (ta[p] == na) | (tb[q] == nb)
-        elif op == "diff":
-            dead = ta[p] == na
-        fresh = []
-        for code in np.unique(nxt[~dead]).tolist():
-            if code not in ids:
-                ids[code] = len(codes_of)
-                codes_of.append(code)
-                fresh.append(code)
-        if len(codes_of) > MAX_DFA_STATES:
-            raise GrammarBudgetError(f"string constraint needs more than {MAX_DFA_STATES} DFA states")
-        uniq = np.array(sorted(ids), dtype=np.int64)
-        lut = np.array([ids[c] for c in uniq.tolist()], dtype=np.int32)
-        row = lut[np.minimum(np.searchsorted(uniq, nxt), len(uniq) - 1)]
-        row[dead] = -1  # dead codes are not in ``ids``: whatever they looked up is replaced
-        rows.append(row)
-        frontier = np.array(fresh, dtype=np.int64)
-    table = np.vstack(rows).astype(np.int32)
-    codes = np.array(codes_of, dtype=np.int64)
     pa, pb = codes // width, codes % width
     if op == "and":
         acc = acc_a[pa] & acc_b[pb]
@@ -125,6 +104,64 @@ def _product(a: CharDFA, b: CharDFA, op: str) -> CharDFA:
         acc = acc_a[pa] & ~acc_b[pb]
     table[:, _surrogate_symbol(bounds)] = -1
     return _minimize(CharDFA(bounds, table, acc))
+
+
+_OPS = {"and": 0, "or": 1, "diff": 2}
+
+
+@njit(cache=True, nogil=True)
+def _product_kernel(ta: np.ndarray, tb: np.ndarray, op: int, max_states: int):  # type: ignore[no-untyped-def]
+    """Breadth-first over the pairs reachable from (0, 0): the product's table and each
+    state's pair code ``p * (nb + 1) + q``; (None, None) past ``max_states`` states. Row
+    ``na`` of ``ta`` and ``nb`` of ``tb`` are the dead sinks: a pair that enters one is dead for
+    "and" (either sink) and "diff" (``a``'s), a real state for "or"."""
+    na, k = ta.shape[0] - 1, ta.shape[1]
+    nb = tb.shape[0] - 1
+    width = nb + 1
+    ids = Dict.empty(key_type=types.int64, value_type=types.int64)
+    ids[0] = 0
+    capacity = 64
+    codes = np.empty(capacity, dtype=np.int64)
+    table = np.empty((capacity, k), dtype=np.int32)
+    codes[0] = 0
+    num = 1
+    i = 0
+    while i < num:
+        p, q = codes[i] // width, codes[i] % width
+        for j in range(k):
+            x, y = ta[p, j], tb[q, j]
+            if (op == 0 and (x == na or y == nb)) or (op == 2 and x == na):
+                table[i, j] = -1
+                continue
+            code = x * width + y
+            got = ids.get(code, -1)
+            if got < 0:
+                if num >= max_states:
+                    return None, None
+                if num == capacity:
+                    capacity *= 2
+                    grown = np.empty(capacity, dtype=np.int64)
+                    grown[:num] = codes[:num]
+                    codes = grown
+                    wider = np.empty((capacity, k), dtype=np.int32)
+                    wider[:num] = table[:num]
+                    table = wider
+                got = num
+                ids[code] = num
+                codes[num] = code
+                num += 1
+            table[i, j] = got
+        i += 1
+    return table[:num].copy(), codes[:num].copy()
+
+
+def load_kernels() -> None:
+    """Run the compiled product and minimization once, so numba loads them (or compiles them,
+    seconds on a fresh machine) during setup rather than inside a budgeted compile."""
+    word = CharDFA(np.array([0, 0x61, 0x62, 0xD800, 0xE000, LIMIT], dtype=np.int64),
+                   np.array([[-1, 1, -1, -1, -1], [-1, -1, -1, -1, -1]], dtype=np.int32), np.array([False, True]))
+    for op in _OPS:
+        _product(word, word, op)
 
 
 def intersect(a: CharDFA, b: CharDFA) -> CharDFA:
@@ -155,67 +192,144 @@ def _minimize(dfa: CharDFA) -> CharDFA:
     ``MINIMIZE_ROUNDS`` rounds (long counters) the refinement stops at the trimmed automaton:
     an unfinished refinement would merge states that are not equivalent."""
     n, k = dfa.table.shape
-    full = np.vstack([np.where(dfa.table < 0, n, dfa.table), np.full((1, k), n, dtype=np.int32)])
-    alive = _coreachable(full, np.append(dfa.accepting, False))
-    cls = np.where(alive, 1 + np.append(dfa.accepting, False), 0).astype(np.int64)
-    count = len(np.unique(cls))
+    full = np.vstack([np.where(dfa.table < 0, n, dfa.table), np.full((1, k), n, dtype=np.int32)]).astype(np.int32)
+    accepting = np.append(dfa.accepting, False)
+    reps, table = _minimize_kernel(full, accepting, MINIMIZE_ROUNDS)
+    if not len(reps):
+        return CharDFA(dfa.bounds, np.full((1, k), -1, dtype=np.int32), np.zeros(1, dtype=bool))
+    return _merge_symbols(CharDFA(dfa.bounds, table, accepting[reps]))
+
+
+@njit(cache=True, nogil=True)
+def _minimize_kernel(full: np.ndarray, accepting: np.ndarray, max_rounds: int) -> tuple[np.ndarray, np.ndarray]:
+    """The minimal automaton of ``full`` (row ``n`` is the dead sink): a representative state
+    per class, in breadth-first order from state 0, and the table over those classes (-1 for
+    the dead one). No representatives when state 0 cannot reach acceptance.
+
+    Classes of a round are told apart by a hash of each state's row, and rows with equal hashes
+    are compared in full, so a collision never merges states."""
+    m, k = full.shape
+    n = m - 1
+    alive = _coreachable_kernel(full, accepting)
+    cls = np.zeros(m, dtype=np.int64)
+    seen = np.zeros(3, dtype=np.bool_)
+    for s in range(m):
+        if alive[s]:
+            cls[s] = 2 if accepting[s] else 1
+        seen[cls[s]] = True
+    count = int(seen.sum())
     rounds = 0
+    h = np.empty(m, dtype=np.uint64)
+    new = np.empty(m, dtype=np.int64)
+    group_reps = np.empty(m, dtype=np.int64)
     while True:
         rounds += 1
-        if rounds > MINIMIZE_ROUNDS:
-            cls = np.where(alive, np.arange(n + 1), -1)  # every live state its own class
-            cls[n] = -1
-            _, cls = np.unique(cls, return_inverse=True)
+        if rounds > max_rounds:
+            # every live state its own class, every other state the dead one
+            c = 1
+            for s in range(m):
+                if alive[s] and s != n:
+                    cls[s] = c
+                    c += 1
+                else:
+                    cls[s] = 0
             break
-        sig = np.ascontiguousarray(np.column_stack([cls, cls[full]]))
-        rows = sig.view(np.dtype((np.void, sig.dtype.itemsize * sig.shape[1]))).reshape(-1)
-        _, new = np.unique(rows, return_inverse=True)  # row-wise unique (axis=0 fails on wide rows)
-        new = new.reshape(-1)
-        c = int(new.max()) + 1
-        cls = new
+        for s in range(m):
+            x = np.uint64(cls[s]) * np.uint64(0x9E3779B97F4A7C15)
+            for j in range(k):
+                x = (x ^ np.uint64(cls[full[s, j]])) * np.uint64(0x100000001B3)
+            h[s] = x
+        order = np.argsort(h, kind="mergesort")
+        c = 0
+        p = 0
+        while p < m:
+            q = p
+            while q < m and h[order[q]] == h[order[p]]:
+                q += 1
+            # states with one hash: exact row comparison against this group's representatives
+            num_reps = 0
+            for i in range(p, q):
+                s = order[i]
+                found = -1
+                for r in range(num_reps):
+                    t = group_reps[r]
+                    same = cls[s] == cls[t]
+                    j = 0
+                    while same and j < k:
+                        same = cls[full[s, j]] == cls[full[t, j]]
+                        j += 1
+                    if same:
+                        found = new[t]
+                        break
+                if found < 0:
+                    found = c
+                    c += 1
+                    group_reps[num_reps] = s
+                    num_reps += 1
+                new[s] = found
+            p = q
+        cls[:] = new
         if c == count:
             break
         count = c
     dead = cls[n]
-    # Renumber classes in breadth-first order from the start; the dead class becomes -1.
-    order: dict[int, int] = {}
+    index = np.full(m, -1, dtype=np.int64)  # class -> its number in breadth-first order
+    reps = np.empty(m, dtype=np.int64)
+    num = 0
     if cls[0] != dead:
-        order[int(cls[0])] = 0
-    reps: list[int] = [0] if cls[0] != dead else []
+        index[cls[0]] = 0
+        reps[0] = 0
+        num = 1
     i = 0
-    while i < len(reps):
-        for t in full[reps[i]].tolist():
-            ct = int(cls[t])
-            if ct != dead and ct not in order:
-                order[ct] = len(reps)
-                reps.append(t)
+    while i < num:
+        for j in range(k):
+            t = full[reps[i], j]
+            ct = cls[t]
+            if ct != dead and index[ct] < 0:
+                index[ct] = num
+                reps[num] = t
+                num += 1
         i += 1
-    if not reps:
-        return CharDFA(dfa.bounds, np.full((1, k), -1, dtype=np.int32), np.zeros(1, dtype=bool))
-    lut = np.full(int(cls.max()) + 1, -1, dtype=np.int32)
-    for c, j in order.items():
-        lut[c] = j
-    rep_rows = full[np.array(reps)]
-    table = lut[cls[rep_rows]]
-    accepting = np.append(dfa.accepting, False)[np.array(reps)]
-    return _merge_symbols(CharDFA(dfa.bounds, table.astype(np.int32), accepting))
+    table = np.empty((num, k), dtype=np.int32)
+    for i in range(num):
+        for j in range(k):
+            table[i, j] = index[cls[full[reps[i], j]]]
+    return reps[:num].copy(), table
 
 
-def _coreachable(full: np.ndarray, accepting: np.ndarray) -> np.ndarray:
-    """States from which an accepting state is reachable."""
-    n = full.shape[0]
-    preds: list[list[int]] = [[] for _ in range(n)]
-    for s in range(n):
-        for t in set(full[s].tolist()):
-            preds[t].append(s)
+@njit(cache=True, nogil=True)
+def _coreachable_kernel(full: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+    """States from which an accepting state is reachable (backwards over a predecessor index)."""
+    m, k = full.shape
+    start = np.zeros(m + 1, dtype=np.int64)
+    for s in range(m):
+        for j in range(k):
+            start[full[s, j] + 1] += 1
+    for t in range(m):
+        start[t + 1] += start[t]
+    fill = start[:-1].copy()
+    preds = np.empty(m * k, dtype=np.int64)
+    for s in range(m):
+        for j in range(k):
+            t = full[s, j]
+            preds[fill[t]] = s
+            fill[t] += 1
     alive = accepting.copy()
-    todo = list(np.flatnonzero(accepting))
-    while todo:
-        t = todo.pop()
-        for s in preds[t]:
+    todo = np.empty(m, dtype=np.int64)
+    top = 0
+    for s in range(m):
+        if accepting[s]:
+            todo[top] = s
+            top += 1
+    while top:
+        top -= 1
+        t = todo[top]
+        for e in range(start[t], start[t + 1]):
+            s = preds[e]
             if not alive[s]:
                 alive[s] = True
-                todo.append(s)
+                todo[top] = s
+                top += 1
     return alive
 
 
