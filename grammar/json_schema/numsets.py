@@ -109,12 +109,12 @@ class NumSet:
         return not self.conjs
 
     def __and__(self, other: "NumSet") -> "NumSet":
-        out = []
+        out: dict[NumConj, None] = {}  # distinct, in order (a list scan made this quadratic)
         for a in self.conjs:
             for b in other.conjs:
                 c = conj_and(a, b)
-                if c is not None and c not in out:
-                    out.append(c)
+                if c is not None:
+                    out[c] = None
         return NumSet(tuple(out))
 
     def __or__(self, other: "NumSet") -> "NumSet":
