@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from .. import char_dfa
 from ..budget import active_deadline, check_deadline, check_depth
 from ..errors import GrammarBudgetError, SchemaError
 from .conjs import ArrConj, KeyLang, ObjConj
@@ -53,6 +54,7 @@ class Denoter:
         self._active: set[tuple[Expr, bool]] = set()
         self._work = 0
         self._depth = 0
+        char_dfa.load_kernels()  # not on this schema's clock (a fresh machine compiles them)
         self.deadline = active_deadline() or time.monotonic() + MAX_SECONDS
         CLOCK.deadline = self.deadline
 
