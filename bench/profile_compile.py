@@ -12,6 +12,7 @@ ran (all generations) during those compiles.
     python bench/profile_compile.py --sample 300 --seed 0 --upto 60
     python bench/profile_compile.py --sample 300 --seed 0 --above 95     # the slowest schemas
     PYTHONPATH=/path/to/older/checkout python bench/profile_compile.py ...   # the same, for that checkout
+    ... --out before.json, then ... --same-as before.json   # two versions on the schemas both compile
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--upto", type=float, default=60.0, help="average the schemas at or under this TTFM percentile")
     ap.add_argument("--above", type=float, help="average the schemas at or above this TTFM percentile instead (the tail)")
+    ap.add_argument("--out", type=Path, help="write the ids of the schemas this run compiled (JSON)")
+    ap.add_argument("--same-as", type=Path, help="count only schemas that the run which wrote this --out file compiled too")
     args = ap.parse_args()
 
     import grammar
@@ -103,6 +106,10 @@ def main() -> None:
     first_mask({"type": "object", "properties": {"a": {"type": "string"}}})  # per-vocabulary setup
     gc.callbacks.append(on_gc)
     rows = []
+    if args.same_as is not None:  # two versions compared on the schemas both compile
+        both = set(json.loads(args.same_as.read_text()))
+        records = [r for r in records if r["id"] in both]
+    compiled_ids = []
     for record in records:
         spent.clear()
         gc_time[0] = 0.0
@@ -111,8 +118,11 @@ def main() -> None:
             first_mask(record["schema"])
         except grammar.GrammarError:
             continue
+        compiled_ids.append(record["id"])
         rows.append(((time.perf_counter() - t0) * 1e3, {k: v * 1e3 for k, v in spent.items()}, gc_time[0] * 1e3))
     gc.callbacks.remove(on_gc)
+    if args.out is not None:
+        args.out.write_text(json.dumps(compiled_ids))
     ttfm = np.array([r[0] for r in rows])
     print(f"{len(rows)} schemas compiled; TTFM p50 {np.percentile(ttfm, 50):.2f} ms, p90 {np.percentile(ttfm, 90):.2f} ms")
     if args.above is not None:
