@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from grammar import fsm, ir
 from grammar.errors import GrammarError
+from grammar.rule_graph import children
 
 _leaves = st.one_of(
     st.binary(min_size=1, max_size=40).map(ir.Literal),
@@ -93,12 +94,7 @@ def _all_nodes(grammar: ir.Grammar) -> list[ir.Expr]:
             continue
         seen.add(id(e))
         out.append(e)
-        if isinstance(e, (ir.Seq, ir.Choice)):
-            todo.extend(e.items)
-        elif isinstance(e, ir.Repeat):
-            todo.append(e.item)
-        elif isinstance(e, ir.Graph):
-            todo.extend(x for _, x, _ in e.edges)
+        todo.extend(children(e))
     return out
 
 
