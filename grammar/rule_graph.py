@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from . import ir
 from .errors import GrammarError
 
-_COMPOSITE = (ir.Seq, ir.Choice, ir.Repeat, ir.Graph)
 _NO_REFS: frozenset[str] = frozenset()
 
 
@@ -130,7 +129,7 @@ def _scan(grammar: ir.Grammar) -> tuple[dict[str, frozenset[str]], set[int], dic
             elif kind is repeat:
                 kids = (e.item,)  # type: ignore[union-attr]
             elif kind is graph:
-                kids = tuple([x for _, x, _ in e.edges])  # type: ignore[union-attr]
+                kids = children(e)
             else:
                 node_refs[key] = frozenset((e.name,)) if kind is ref else _NO_REFS  # type: ignore[union-attr]
                 keep_alive.append(e)
