@@ -41,8 +41,13 @@ KEEP_DEEP_FRAMES = 2
 # A state inside called rules shares the mask of its top frames (the fewest that leave at most
 # MAX_UNCERTAIN_SHARE of the vocabulary to be checked against the stack below them).
 MAX_UNCERTAIN_SHARE = 0.1
-# A truncated configuration of at most this many nodes has its mask built from per-node parts.
+# A truncated configuration of at most this many nodes has its mask built from per-node parts...
 MAX_SPLIT_PARTS = 64
+# ...unless more than this many of its parts are wide (see MIN_SIBLING_LIVE_BYTES) and not cached
+# yet: a key's start under a union of a dozen object shapes, each with its own extra-key trie,
+# holds a dozen wide parts of a few milliseconds each, where one walk of the whole
+# configuration costs about one of them.
+MAX_NEW_WIDE_PARTS = 3
 # A state with at least this many live bytes may take its mask from a sibling state whose row
 # differs from its own on at most MAX_SIBLING_DIFFERENCES bytes.
 MIN_SIBLING_LIVE_BYTES = 64
@@ -226,12 +231,16 @@ class GrammarMasks:
         depth = self.automaton.max_depth(state)
         if depth < 2:
             return None
-        self.automaton.expand(state)
-        if int(np.count_nonzero(self.automaton.table[state] >= 0)) >= MIN_SIBLING_LIVE_BYTES:
+        if self._live_bytes(state) >= MIN_SIBLING_LIVE_BYTES:
             return 1
         if depth > TRUNCATE_DEEP_ABOVE and self.recursive:
             return KEEP_DEEP_FRAMES
         return None
+
+    def _live_bytes(self, state: int) -> int:
+        """How many bytes lead somewhere from ``state`` (its row computed if it was not)."""
+        self.automaton.expand(state)
+        return int(np.count_nonzero(self.automaton.table[state] >= 0))
 
     def _truncated_mask(self, state: int, first_cut: int = 1) -> np.ndarray | None:
         """The mask of a state inside called rules from the shared mask of its top frames (see
@@ -263,14 +272,24 @@ class GrammarMasks:
     def _shared_top(self, top: int, *, split: bool = True) -> TruncatedMask | bool:
         """The shared mask of a truncated configuration: the union of its nodes' parts when it
         has several (each part cached on its own), else one walk. False when it leaks."""
-        parts = self.automaton.split(top) if split and self.automaton.config_size(top) > 1 else None
+        automaton = self.automaton
+        parts = automaton.split(top) if split and automaton.config_size(top) > 1 else None
         if parts is None or len(parts) > MAX_SPLIT_PARTS:
             return self._walk_top(top)
-        entries = []
+        entries, new = [], []
         for part in parts.tolist():
             entry = self._truncated.get(part)
+            if entry is False:
+                return False  # a part known to leak: no need to compute the others
             if entry is None:
-                entry = self._truncated.put(part, self._walk_top(part))
+                new.append(part)
+            else:
+                entries.append(entry)
+        if sum(self._live_bytes(part) >= MIN_SIBLING_LIVE_BYTES for part in new) > MAX_NEW_WIDE_PARTS:
+            self.routes["whole top"] += 1
+            return self._walk_top(top)
+        for part in new:
+            entry = self._truncated.put(part, self._walk_top(part))
             if entry is False:
                 return False
             entries.append(entry)

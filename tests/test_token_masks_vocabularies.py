@@ -237,3 +237,24 @@ def test_free_key_text_ends_with_its_quote_so_its_parts_take_the_region_route(qw
         assert m.accept_bytes(doc[i])
     assert m.can_terminate()
     assert compiled.masks.routes["region part"] >= 20, compiled.masks.routes
+
+
+def test_key_start_under_a_union_of_object_shapes_walks_its_top_whole(qwen2_vocab):
+    """At a key's start inside an array of ``anyOf`` object shapes, the top frame unites every
+    shape's named keys and its own extra-key trie: a dozen wide parts, none cached yet. One walk
+    of the whole top replaces a walk per part; masks equal the reference at every byte, the
+    document's keys and the extra keys beside them alike."""
+    vocab = qwen2_vocab
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"]
+    shapes = [{"type": "object", "properties": {f"{w}_{j}": {"type": "string"} for j in range(3)},
+               "required": [f"{w}_0"], "additionalProperties": {"type": "integer"}} for w in words]
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {"anyOf": shapes}}}}
+    compiled = _compile("json_schema", schema, vocab)
+    ref = _reference(vocab)
+    doc = '{"items": [{"bravo_0": "x", "bravo_2": "y", "brave": 1}, {"echo_0": "z", "zulu": 2, "echo_1": "w"}]}'
+    m = GrammarMatcher(compiled)
+    for i in range(len(doc)):
+        assert np.array_equal(compiled.token_mask(m.state), ref.row(compiled.automaton, m.state)), doc[:i]
+        assert m.accept_bytes(doc[i])
+    assert m.can_terminate()
+    assert compiled.masks.routes["whole top"] >= 1, compiled.masks.routes
