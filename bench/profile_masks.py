@@ -151,9 +151,14 @@ def main() -> None:
                 if not m.accept_token(token):
                     break
                 _spent.clear()
+                routes = dict(getattr(compiled.masks, "routes", {}))
                 t0 = time.perf_counter()
                 m.fill_next_token_bitmask(mask, 0)
-                masks.append((time.perf_counter() - t0, dict(_spent), record["id"], i, pos))
+                dt = time.perf_counter() - t0
+                for route, n in getattr(compiled.masks, "routes", {}).items():
+                    if n != routes.get(route, 0):
+                        _spent["route " + route] = n - routes.get(route, 0)
+                masks.append((dt, dict(_spent), record["id"], i, pos))
     report(masks, args.top)
 
 
@@ -167,10 +172,21 @@ def report(masks: list, top: int) -> None:
     slowest = sorted(masks, key=lambda m: -m[0])[:top]
     for dt, spent, rid, i, pos in slowest:
         print(f"| {rid[:48]} | {i}@{pos} | {dt * 1e3:.1f} | " + " | ".join(f"{spent.get(p, 0) * 1e3:.1f}" for p in phases) + " |")
-    for label, group in ((f"slowest {top}", slowest), ("all masks", masks)):
+    p95 = np.percentile(times, 95)
+    tail = [m for m in masks if m[0] * 1e6 >= p95]
+    for label, group in ((f"slowest {top}", slowest), (f"masks at or above p95 ({p95:.0f} µs)", tail), ("all masks", masks)):
         total = sum(m[0] for m in group)
         shares = {p: sum(m[1].get(p, 0) for m in group) / total * 100 for p in phases}
         print(f"\nshare of time, {label} ({total:.2f} s): " + ", ".join(f"{p} {shares[p]:.0f}%" for p in phases))
+    # Which mask routes computed rows during the tail's masks (a mask may compute several rows:
+    # a sibling's, parts of a truncated top), with the time of the masks they ran in.
+    by_route: dict[str, list[float]] = defaultdict(list)
+    for dt, spent, *_ in tail:
+        for key in spent:
+            if key.startswith("route "):
+                by_route[key[6:]].append(dt)
+    print(f"\nroutes that ran in the {len(tail)} masks at or above p95 (masks, their total s): "
+          + ", ".join(f"{r} {len(v)}, {sum(v):.2f}" for r, v in sorted(by_route.items(), key=lambda kv: -sum(kv[1]))))
 
 
 if __name__ == "__main__":

@@ -128,10 +128,16 @@ class LazyAutomaton:
         """The deepest stack of ``state`` (1 for a regular grammar)."""
         depth = self._max_depth.get(state)
         if depth is None:
-            nodes = self.config_stacks(state)
-            node_depth = self._views()[6]
-            depth = self._max_depth[state] = int(node_depth[list(nodes)].max()) if nodes else 0
+            with self.lock:
+                depth = self._max_depth[state] = int(det.config_depth(self.core, state))
         return depth
+
+    def live_bytes(self, state: int) -> int:
+        """How many bytes lead somewhere from ``state`` (its row computed if it was not)."""
+        with self.lock:
+            status, n = det.live_bytes(self.core, state)
+        self.check_status(int(status))
+        return int(n)
 
     def truncate(self, state: int, keep: int) -> int:
         """``state`` with every stack cut to its top ``keep`` frames over a HOLE bottom.
@@ -150,6 +156,16 @@ class LazyAutomaton:
             parts, status = det.split_config(self.core, state)
         self.check_status(int(status))
         return parts
+
+    def sibling_of(self, state: int, min_live: int, depth: int, max_pairs: int = 512) -> tuple[int, np.ndarray] | None:
+        """(the state most of ``state``'s live bytes lead to, the bytes on which the two differ
+        as :meth:`differing_bytes` finds them), or None for a state with fewer than ``min_live``
+        live bytes, one that mostly loops, exit flags that differ, or rows that agree on fewer
+        than half of its live bytes."""
+        with self.lock:
+            sibling, differ, status = det.sibling_of(self.core, state, min_live, depth, max_pairs)
+        self.check_status(int(status))
+        return None if sibling < 0 else (int(sibling), differ)
 
     def differing_bytes(self, state: int, other: int, depth: int, max_pairs: int = 512) -> np.ndarray:
         """Bytes on which ``state`` and ``other`` lead to states not shown to agree: equal, or
@@ -171,7 +187,8 @@ class LazyAutomaton:
 
     def config_size(self, state: int) -> int:
         """How many stack nodes configuration ``state`` holds."""
-        return int(self._views()[12][state])
+        with self.lock:
+            return int(det.config_size(self.core, state))
 
     def config_stacks(self, state: int) -> tuple[int, ...]:
         """The kernel node ids of configuration ``state``."""

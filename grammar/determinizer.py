@@ -852,6 +852,86 @@ def _agree(c, x, y, depth, budget):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
+def live_bytes(c, cfg):  # pragma: no cover
+    """(status, how many bytes lead somewhere from ``cfg``), its row computed first."""
+    status = expand_row(c, cfg)
+    if status < 0:
+        return status, 0
+    n = 0
+    for byte in range(256):
+        if c.table[cfg, byte] >= 0:
+            n += 1
+    return 0, n
+
+
+@njit(cache=True, nogil=True)
+def config_depth(c, cfg):  # pragma: no cover
+    """The depth of the deepest stack node of configuration ``cfg`` (0 when it has none)."""
+    depth = 0
+    start = c.cfg_start[cfg]
+    for k in range(start, start + c.cfg_len[cfg]):
+        d = c.node_depth[c.cfg_pool[k]]
+        if d > depth:
+            depth = d
+    return depth
+
+
+@njit(cache=True, nogil=True)
+def config_size(c, cfg):  # pragma: no cover
+    return c.cfg_len[cfg]
+
+
+@njit(cache=True, nogil=True)
+def sibling_of(c, s, min_live, depth, max_pairs):  # pragma: no cover
+    """(sibling, bytes on which the two differ (see :func:`differing_bytes`), status) of ``s``:
+    the state most of its live bytes lead to (the lowest such id on a tie), when ``s`` has at
+    least ``min_live`` live bytes, the sibling is another state with the same exit flag, and
+    their rows agree on at least half as many bytes as ``s`` has live ones; else sibling -1."""
+    none = np.empty(0, np.int64)
+    status = expand_row(c, s)
+    if status < 0:
+        return -1, none, status
+    targets = np.empty(256, np.int64)
+    counts = np.zeros(256, np.int64)
+    k = 0
+    live = 0
+    for byte in range(256):
+        t = c.table[s, byte]
+        if t < 0:
+            continue
+        live += 1
+        j = 0
+        while j < k and targets[j] != t:
+            j += 1
+        if j == k:
+            targets[k] = t
+            k += 1
+        counts[j] += 1
+    if live < min_live:
+        return -1, none, 0
+    best = 0
+    for j in range(1, k):
+        if counts[j] > counts[best] or (counts[j] == counts[best] and targets[j] < targets[best]):
+            best = j
+    f = targets[best]
+    if f == s or c.exits[f] != c.exits[s]:
+        return -1, none, 0
+    status = expand_row(c, f)
+    if status < 0:
+        return -1, none, status
+    same = 0
+    for byte in range(256):
+        if c.table[f, byte] == c.table[s, byte]:
+            same += 1
+    if 2 * same < live:
+        return -1, none, 0  # most bytes lead elsewhere from the two (a counted repeat)
+    differ, status = differing_bytes(c, s, f, depth, max_pairs)
+    if status < 0:
+        return -1, none, status
+    return f, differ, 0
+
+
+@njit(cache=True, nogil=True)
 def differing_bytes(c, s, f, depth, max_pairs):  # pragma: no cover
     """(bytes on which ``s`` and ``f`` lead to states that do not agree within ``depth`` bytes,
     status): only tokens starting with one of them can walk differently from the two."""

@@ -19,7 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
+from . import determinizer as det
 from .token_trie import TokenTrie
 from .token_walk import ALLOWED, AT_EXIT, PLAIN, STOP_AT_EXITS, StaticTable, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie
 
@@ -64,54 +66,112 @@ class RegionSplit:
 
 def find_region(automaton, state: int) -> Region | None:
     """The region ``state`` belongs to (as its looping state or a UTF-8 middle state), or None."""
-    loops, lo, hi = automaton.row_shape(state)
-    if loops >= MIN_LOOP_BYTES:
-        return _region_from(automaton, state)
-    if lo < 0x80 or hi >= 0xC0:  # (also when nothing is live: lo == -1)
+    with automaton.lock:
+        status, states, canonical, index = _find_region_kernel(automaton.core, state, MIN_LOOP_BYTES, MAX_REGION)
+    automaton.check_status(int(status))
+    if not len(states):
         return None
-    home = _home_after_continuations(automaton, state)
-    if home is None or automaton.row_shape(home)[0] < MIN_LOOP_BYTES:
-        return None
-    region = _region_from(automaton, home)
-    if region is None or state not in region.states:
-        return None
-    return Region(region.states, region.canonical, int(np.flatnonzero(region.states == state)[0]))
+    return Region(states, canonical, int(index))
 
 
-def _home_after_continuations(automaton, state: int) -> int | None:
-    """The state reached after the continuation bytes of a multi-byte character."""
-    for _ in range(3):
-        automaton.expand(state)
-        row = automaton.table[state]
-        live = np.flatnonzero(row >= 0)
-        if not len(live) or live.min() < 0x80 or live.max() >= 0xC0:
-            return state
-        state = int(row[live[0]])
-    return None
+# Every state a region search meets has its row computed, so the search is one compiled call
+# (it runs for most new states of a grammar: in Python its row reads cost more than the rows).
 
 
-def _region_from(automaton, home: int) -> Region | None:
-    states = [home]
-    index = {home: 0}
+@njit(nogil=True, cache=True)
+def _find_region_kernel(c, state, min_loop, max_region):  # pragma: no cover
+    """(status, region states, canonical table, index of ``state``); no states when ``state``
+    is in no region. A state is a region's home when it loops on at least ``min_loop`` bytes;
+    a state whose live bytes are all UTF-8 continuation bytes belongs to the region of the home
+    its continuations lead to, if any."""
+    none = np.zeros(0, np.int32)
+    no_table = np.zeros((0, 256), np.int32)
+    status, loops, lo, hi = det.row_shape(c, state)
+    if status < 0:
+        return status, none, no_table, 0
+    home = state
+    if loops < min_loop:
+        if lo < 0x80 or hi >= 0xC0:  # (also when nothing is live: lo == -1)
+            return 0, none, no_table, 0
+        home = -1
+        s = state
+        for _ in range(3):  # the state after the continuation bytes of a multi-byte character
+            status = det.expand_row(c, s)
+            if status < 0:
+                return status, none, no_table, 0
+            first = -1
+            last = -1
+            for b in range(256):
+                if c.table[s, b] >= 0:
+                    if first < 0:
+                        first = b
+                    last = b
+            if first < 0 or first < 0x80 or last >= 0xC0:
+                home = s
+                break
+            s = c.table[s, first]
+        if home < 0:
+            return 0, none, no_table, 0
+        status, loops, lo, hi = det.row_shape(c, home)
+        if status < 0:
+            return status, none, no_table, 0
+        if loops < min_loop:
+            return 0, none, no_table, 0
+    # The home and the middle states of its multi-byte characters (lead bytes from the home,
+    # continuation bytes from middle states), numbered in the order found, each state's new
+    # targets in ascending order: the numbering the shape's key depends on.
+    states = np.empty(max_region, np.int32)
+    states[0] = home
+    n = 1
+    found = np.empty(256, np.int32)
     i = 0
-    while i < len(states):
-        automaton.expand(states[i])
-        row = automaton.table[states[i]]
-        # Multi-byte characters: lead bytes from home, continuation bytes from middle states.
-        span = row[0x80:] if i == 0 else row[0x80:0xC0]
-        for t in np.unique(span[span >= 0]).tolist():
-            if t not in index:
-                if len(states) >= MAX_REGION:
-                    return None
-                index[t] = len(states)
-                states.append(t)
+    while i < n:
+        status = det.expand_row(c, states[i])
+        if status < 0:
+            return status, none, no_table, 0
+        top = 0x100 if i == 0 else 0xC0
+        k = 0
+        for b in range(0x80, top):
+            t = c.table[states[i], b]
+            if t >= 0:
+                known = False
+                for j in range(n):
+                    if states[j] == t:
+                        known = True
+                        break
+                for j in range(k):
+                    if found[j] == t:
+                        known = True
+                        break
+                if not known:
+                    found[k] = t
+                    k += 1
+        found[:k].sort()
+        for j in range(k):
+            if n >= max_region:
+                return 0, none, no_table, 0
+            states[n] = found[j]
+            n += 1
         i += 1
-    sub = automaton.table[states]
-    canonical = np.full(sub.shape, EXIT, dtype=np.int32)
-    canonical[sub < 0] = DEAD
-    for t, k in index.items():
-        canonical[sub == t] = k
-    return Region(np.array(states, dtype=np.int32), canonical, 0)
+    canonical = np.empty((n, 256), np.int32)
+    index = -1
+    for r in range(n):
+        if states[r] == state:
+            index = r
+        for b in range(256):
+            t = c.table[states[r], b]
+            v = EXIT
+            if t < 0:
+                v = DEAD
+            else:
+                for j in range(n):
+                    if states[j] == t:
+                        v = j
+                        break
+            canonical[r, b] = v
+    if index < 0:  # the continuations led to a home whose region does not hold the state
+        return 0, none, no_table, 0
+    return 0, states[:n].copy(), canonical, index
 
 
 def split_region(trie: TokenTrie, region: Region) -> RegionSplit:

@@ -109,6 +109,7 @@ def _warm_up(shared: VocabularyMasks) -> None:
     automaton.split(automaton.initial_state)
     walk_trie(shared.trie, automaton, automaton.initial_state, first_bytes=np.array([ord("[")]))
     automaton.differing_bytes(automaton.initial_state, automaton.step_bytes(automaton.initial_state, b"["), 2)
+    automaton.sibling_of(automaton.step_bytes(automaton.initial_state, b'"'), MIN_SIBLING_LIVE_BYTES, SIBLING_AGREE_DEPTH)
 
 
 @dataclass(frozen=True, eq=False)
@@ -187,7 +188,7 @@ class GrammarMasks:
     def _sibling_of(self, state: int) -> tuple[int, np.ndarray] | None:
         """(sibling, differing bytes) when the tokens starting with those bytes are a small
         enough part of the trie to walk, else None."""
-        found = _sibling_of(self.automaton, state)
+        found = self.automaton.sibling_of(state, MIN_SIBLING_LIVE_BYTES, SIBLING_AGREE_DEPTH)
         if found is None:
             return None
         spans = self.trie.first_byte_nodes[found[1]]
@@ -231,16 +232,11 @@ class GrammarMasks:
         depth = self.automaton.max_depth(state)
         if depth < 2:
             return None
-        if self._live_bytes(state) >= MIN_SIBLING_LIVE_BYTES:
+        if self.automaton.live_bytes(state) >= MIN_SIBLING_LIVE_BYTES:
             return 1
         if depth > TRUNCATE_DEEP_ABOVE and self.recursive:
             return KEEP_DEEP_FRAMES
         return None
-
-    def _live_bytes(self, state: int) -> int:
-        """How many bytes lead somewhere from ``state`` (its row computed if it was not)."""
-        self.automaton.expand(state)
-        return int(np.count_nonzero(self.automaton.table[state] >= 0))
 
     def _truncated_mask(self, state: int, first_cut: int = 1) -> np.ndarray | None:
         """The mask of a state inside called rules from the shared mask of its top frames (see
@@ -285,7 +281,7 @@ class GrammarMasks:
                 new.append(part)
             else:
                 entries.append(entry)
-        if sum(self._live_bytes(part) >= MIN_SIBLING_LIVE_BYTES for part in new) > MAX_NEW_WIDE_PARTS:
+        if sum(self.automaton.live_bytes(part) >= MIN_SIBLING_LIVE_BYTES for part in new) > MAX_NEW_WIDE_PARTS:
             self.routes["whole top"] += 1
             return self._walk_top(top)
         for part in new:
@@ -397,26 +393,6 @@ class GrammarMasks:
             self.row(state)
             done += 1
         return done
-
-
-def _sibling_of(automaton, state: int) -> tuple[int, np.ndarray] | None:
-    """(the state most of ``state``'s live bytes lead to, the bytes on which the two differ), or
-    None for a narrow state, a state that mostly loops, flags that differ, or rows that agree
-    on fewer than half of the live bytes."""
-    automaton.expand(state)
-    row = automaton.table[state]
-    live = row[row >= 0]
-    if len(live) < MIN_SIBLING_LIVE_BYTES:
-        return None
-    targets, counts = np.unique(live, return_counts=True)
-    sibling = int(targets[np.argmax(counts)])
-    exits = automaton.exits
-    if sibling == state or exits[sibling] != exits[state]:
-        return None
-    automaton.expand(sibling)
-    if 2 * int(np.count_nonzero(automaton.table[sibling] == row)) < len(live):
-        return None  # most bytes lead elsewhere from the two (a counted repeat): not a sibling
-    return sibling, automaton.differing_bytes(state, sibling, SIBLING_AGREE_DEPTH)
 
 
 def _reachable_states(automaton, max_states: int, deadline: float) -> list[int] | None:

@@ -371,11 +371,17 @@ def add_duplicates(trie: TokenTrie, bits: np.ndarray, ends: np.ndarray | None = 
         _copy_duplicates(bits, _NO_INT32 if ends is None else ends, ends is not None, trie.dup_src, trie.dup_dst)
 
 
+# Modules whose kernels inline the determinizer's functions (their numba cache files share the
+# package's cache folder with this one).
+INLINING_DETERMINIZER = ("token_walk", "regions")
+
+
 def _drop_stale_kernels() -> None:
     """numba keys a cached kernel by the stamp of its own source file only, while the kernels
-    here inline the determinizer's functions: after an edit of ``determinizer.py`` their cached
-    machine code would still hold the old determinizer (and crash on a changed layout). A
-    stamp of that file beside the cache drops them when it changes."""
+    here and in ``regions.py`` inline the determinizer's functions: after an edit of
+    ``determinizer.py`` their cached machine code would still hold the old determinizer (and
+    crash on a changed layout). A stamp of that file beside the cache drops them when it
+    changes."""
     cache = getattr(_walk_kernel, "_cache", None)
     folder = getattr(cache, "cache_path", None)
     if folder is None:
@@ -385,8 +391,9 @@ def _drop_stale_kernels() -> None:
         marker = Path(folder) / "token_walk.determinizer-stamp"
         if marker.is_file() and marker.read_text() == stamp:
             return
-        for stale in Path(folder).glob("token_walk.*.nb[ic]"):
-            stale.unlink(missing_ok=True)
+        for module in INLINING_DETERMINIZER:
+            for stale in Path(folder).glob(f"{module}.*.nb[ic]"):
+                stale.unlink(missing_ok=True)
         marker.write_text(stamp)
     except OSError:  # a read-only install: numba keeps its own cache elsewhere, or none
         return

@@ -144,10 +144,12 @@ def test_compiling_a_deeply_nested_grammar_leaves_the_recursion_limit_alone(monk
 def test_mask_kernels_release_the_gil():
     """The engine fills masks in a thread beside the forward pass: every compiled function a
     mask runs must be compiled with nogil (a walk holding the GIL would stall torch)."""
-    from grammar import determinizer, token_walk
+    from grammar import determinizer, regions, token_walk
 
     kernels = [token_walk._walk_kernel, token_walk._check_kernel, token_walk.set_token_bits, token_walk.range_positions,
                token_walk._copy_duplicates, determinizer.expand_row, determinizer.step_bytes, determinizer.truncate,
-               determinizer.split_config, determinizer.differing_bytes]
+               determinizer.split_config, determinizer.differing_bytes, determinizer.sibling_of,
+               determinizer.live_bytes, determinizer.config_depth, determinizer.config_size,
+               regions._find_region_kernel]
     for kernel in kernels:
         assert kernel.targetoptions.get("nogil") is True, kernel.py_func.__name__
