@@ -115,3 +115,48 @@ def test_objects_in_properties_order(obj, strict):
     if strict:
         schema["additionalProperties"] = False
     agree(schema, ordered)
+
+
+def _spellings(cp: int) -> dict[str, bool]:
+    """Every JSON spelling of the character ``cp``, each with whether formcast accepts it: raw
+    unless JSON must escape it, a short escape where one exists, and ``\\uXXXX`` (either hex
+    case, surrogate pairs for astral characters) except for printable ASCII (by design)."""
+    ch = chr(cp)
+    out = {ch: cp >= 0x20 and ch not in '"\\'}
+    short = {0x22: '\\"', 0x5C: "\\\\", 0x2F: "\\/", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+    if cp in short:
+        out[short[cp]] = True
+    units = [cp] if cp <= 0xFFFF else [0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF)]
+    for upper in (False, True):
+        text = "".join(f"\\u{u:04X}" if upper else f"\\u{u:04x}" for u in units)
+        out[text] = not 0x20 <= cp <= 0x7E
+    return out
+
+
+code_points = st.integers(0, 0x10FFFF).filter(lambda c: not 0xD800 <= c <= 0xDFFF)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(code_points, st.integers(0, 3000)), min_size=1, max_size=4), st.lists(code_points, min_size=1, max_size=8))
+def test_encoded_classes_accept_exactly_the_spellings_of_their_characters(spans, probes):
+    """``encode_char_class``: one character of the class in any JSON spelling formcast allows,
+    and nothing else (probes inside and outside the class, near its edges)."""
+    from grammar import ir
+    from grammar.compiler import compile_grammar
+    from grammar.json_schema.strings import encode_char_class
+    from grammar.matcher import GrammarMatcher
+
+    ranges = ir.normalize_ranges((lo, min(lo + n, 0x10FFFF)) for lo, n in spans)
+    ranges = ir.subtract_ranges(ranges, [(0xD800, 0xDFFF)])
+    if not ranges:
+        return
+    compiled = compile_grammar(ir.Grammar({"root": ir.seq(ir.literal('"'), encode_char_class(ranges), ir.literal('"'))}), BYTES)
+    edges = [x for lo, hi in ranges for x in (lo - 1, lo, hi, hi + 1)]
+    for cp in probes + edges:
+        if not 0 <= cp <= 0x10FFFF or 0xD800 <= cp <= 0xDFFF:
+            continue
+        inside = any(lo <= cp <= hi for lo, hi in ranges)
+        for text, allowed in _spellings(cp).items():
+            m = GrammarMatcher(compiled)
+            got = m.accept_bytes(('"' + text + '"').encode("utf-8")) and m.can_terminate()
+            assert got == (inside and allowed), (ranges, hex(cp), text)

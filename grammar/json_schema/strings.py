@@ -27,21 +27,26 @@ def _hex4(lo: int, hi: int) -> ir.Expr:
     return fixed_width_range(f"{lo:04x}", f"{hi:04x}", base=16)
 
 
-def _u_escape(lo: int, hi: int) -> ir.Expr:
-    return ir.seq(ir.literal("\\u"), _hex4(lo, hi))
+def _u_tail(lo: int, hi: int) -> ir.Expr:
+    """``uXXXX`` for the code units ``lo..hi``: a ``\\u`` escape after its backslash."""
+    return ir.seq(ir.literal("u"), _hex4(lo, hi))
 
 
-def _astral_escapes(lo: int, hi: int) -> list[ir.Expr]:
-    """Surrogate-pair spellings of the astral code points ``lo..hi``."""
+def _astral_tails(lo: int, hi: int) -> list[ir.Expr]:
+    """Surrogate-pair spellings of the astral code points ``lo..hi``, after the first backslash."""
     out: list[ir.Expr] = []
     h_lo, h_hi = 0xD800 + ((lo - 0x10000) >> 10), 0xD800 + ((hi - 0x10000) >> 10)
     l_lo, l_hi = 0xDC00 + ((lo - 0x10000) & 0x3FF), 0xDC00 + ((hi - 0x10000) & 0x3FF)
+
+    def pair(h1: int, h2: int, l1: int, l2: int) -> ir.Expr:
+        return ir.seq(_u_tail(h1, h2), ir.literal("\\"), _u_tail(l1, l2))
+
     if h_lo == h_hi:
-        return [ir.seq(_u_escape(h_lo, h_lo), _u_escape(l_lo, l_hi))]
-    out.append(ir.seq(_u_escape(h_lo, h_lo), _u_escape(l_lo, 0xDFFF)))
+        return [pair(h_lo, h_lo, l_lo, l_hi)]
+    out.append(pair(h_lo, h_lo, l_lo, 0xDFFF))
     if h_lo + 1 <= h_hi - 1:
-        out.append(ir.seq(_u_escape(h_lo + 1, h_hi - 1), _u_escape(0xDC00, 0xDFFF)))
-    out.append(ir.seq(_u_escape(h_hi, h_hi), _u_escape(0xDC00, l_hi)))
+        out.append(pair(h_lo + 1, h_hi - 1, 0xDC00, 0xDFFF))
+    out.append(pair(h_hi, h_hi, 0xDC00, l_hi))
     return out
 
 
@@ -53,20 +58,28 @@ _ONE_SPELLING = re.compile(rb"[\x20\x21\x23-\x2e\x30-\x5b\x5d-\x7e]*")
 
 @lru_cache(maxsize=8192)
 def encode_char_class(ranges: tuple[tuple[int, int], ...]) -> ir.Expr:
-    """Every JSON spelling of one character from ``ranges``."""
-    parts: list[ir.Expr] = [ir.char_class(ir.subtract_ranges(ranges, _MUST_ESCAPE))]
-    for cp, text in _SHORT_ESCAPES.items():
-        if any(lo <= cp <= hi for lo, hi in ranges):
-            parts.append(ir.literal(text))
+    """Every JSON spelling of one character from ``ranges``: the raw character, or a backslash
+    and one of its escapes."""
+    shorts = tuple(cp for cp in _SHORT_ESCAPES if any(lo <= cp <= hi for lo, hi in ranges))
     # \uXXXX is allowed for every character except printable ASCII: json.dumps never writes
     # `\u0069` for "i" (with or without ensure_ascii), while small models drift into such
     # spellings of keys and values and then waste their token budget on them.
-    for lo, hi in ir.subtract_ranges(ranges, [_PRINTABLE_ASCII]):
+    wide = ir.subtract_ranges(ranges, [_PRINTABLE_ASCII])
+    return ir.choice(ir.char_class(ir.subtract_ranges(ranges, _MUST_ESCAPE)), _escaped(shorts, wide))
+
+
+@lru_cache(maxsize=1024)
+def _escaped(shorts: tuple[int, ...], wide: tuple[tuple[int, int], ...]) -> ir.Expr:
+    """A backslash and the rest of an escape of one of these characters. One object per set:
+    the classes of a key complement's trie (each "any character but the next letters of the
+    named keys") share it, so a grammar builds its hundred-odd states of hex digits once."""
+    tails: list[ir.Expr] = [ir.literal(_SHORT_ESCAPES[cp][1:]) for cp in shorts]
+    for lo, hi in wide:
         if lo <= 0xFFFF:
-            parts.append(_u_escape(lo, min(hi, 0xFFFF)))
+            tails.append(_u_tail(lo, min(hi, 0xFFFF)))
         if hi >= 0x10000:
-            parts.extend(_astral_escapes(max(lo, 0x10000), hi))
-    return ir.choice(*parts)
+            tails.extend(_astral_tails(max(lo, 0x10000), hi))
+    return ir.seq(ir.literal("\\"), ir.choice(*tails))
 
 
 ANY_ENCODED_CHAR = encode_char_class(ir.ANY_CHAR.ranges)
