@@ -160,3 +160,23 @@ def test_encoded_classes_accept_exactly_the_spellings_of_their_characters(spans,
             m = GrammarMatcher(compiled)
             got = m.accept_bytes(('"' + text + '"').encode("utf-8")) and m.can_terminate()
             assert got == (inside and allowed), (ranges, hex(cp), text)
+
+
+key_words = st.frozensets(st.text(alphabet='ab"\\/é\n日x😀', max_size=4), max_size=6)
+
+
+@SETTINGS
+@given(key_words)
+def test_key_complement_built_in_one_pass_equals_the_three_pass_build(words):
+    """``quoted_not_in`` (the key beside named keys) is the same IR as quoting the complement."""
+    from grammar.json_schema.strings import not_in, quoted, quoted_not_in
+
+    assert quoted_not_in(words) == quoted(not_in(words))
+
+
+def test_key_complement_of_long_names_equals_the_three_pass_build():
+    """Past the quote-moving depth limit (names of about a hundred characters) too."""
+    from grammar.json_schema.strings import not_in, quoted, quoted_not_in
+
+    for words in (frozenset(["x" * 99, "x" * 100 + "é", "y"]), frozenset(["a" * 110, "ab", ""])):
+        assert quoted_not_in(words) == quoted(not_in(words))

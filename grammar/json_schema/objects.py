@@ -25,7 +25,7 @@ from .. import ir
 from ..errors import GrammarBudgetError
 from .conjs import KeyLang, ObjConj
 from .exprs import FALSE, Expr, and_
-from .strings import not_in, quoted, string_literal
+from .strings import quoted, quoted_not_in, string_literal
 from .strsets import StrSet
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def _regions(c: ObjConj, rules: list, named: frozenset[str]):
         schemas = [s for _, s in rules]
         if FALSE in schemas:
             return []
-        return [(quoted(not_in(named)), schemas, list(range(len(c.exists))))]
+        return [(quoted_not_in(named), schemas, list(range(len(c.exists))))]
     space = KeyLang(without=named).strset()
     if not names_all:
         space = space & c.names  # type: ignore[operator]
