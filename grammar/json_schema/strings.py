@@ -172,14 +172,25 @@ def _closed_complement(words: frozenset[str], depth: int) -> ir.Expr:
         return _closed(encode_value(not_in(words)), depth)
     if not words:
         return ir.seq(_FREE_TEXT, QUOTE)
-    firsts = sorted({w[0] for w in words if w})
-    others = encode_char_class(ir.char_class([(ord(c), ord(c)) for c in firsts], negate=True).ranges)
+    firsts = tuple(sorted({w[0] for w in words if w}))
     parts: list[ir.Expr] = [] if "" in words else [QUOTE]
-    parts.append(ir.seq(others, _FREE_TEXT, QUOTE))
+    parts.append(_other_text(firsts))
     for c in firsts:
         rest = frozenset(w[1:] for w in words if w and w[0] == c)
-        parts.append(ir.seq(encode_value(ir.literal(c)), _closed_complement(rest, depth + 2)))
+        parts.append(ir.seq(_encoded_char(c), _closed_complement(rest, depth + 2)))
     return ir.choice(*parts)
+
+
+@lru_cache(maxsize=4096)
+def _other_text(firsts: tuple[str, ...]) -> ir.Expr:
+    """A character other than ``firsts``, free text, and the closing quote (encoded)."""
+    others = ir.char_class([(ord(c), ord(c)) for c in firsts], negate=True)
+    return ir.seq(encode_char_class(others.ranges), _FREE_TEXT, QUOTE)
+
+
+@lru_cache(maxsize=4096)
+def _encoded_char(c: str) -> ir.Expr:
+    return encode_value(ir.literal(c))
 
 
 # ---------------------------------------------------------------- lengths
