@@ -216,6 +216,15 @@ def test_sibling_route_equals_reference(vocab_name, request):
     assert _check_walks(compiled, vocab, seed=5, walks=3, steps=12, lean=b"abcx1y") > 10
 
 
+def _masks_equal_reference_at_every_byte(compiled, ref, doc: str) -> None:
+    """Walk ``doc`` byte by byte, comparing the mask with ``ref`` before each byte."""
+    m = GrammarMatcher(compiled)
+    for i in range(len(doc)):
+        assert np.array_equal(compiled.token_mask(m.state), ref.row(compiled.automaton, m.state)), doc[:i]
+        assert m.accept_bytes(doc[i])
+    assert m.can_terminate()
+
+
 def test_free_key_text_ends_with_its_quote_so_its_parts_take_the_region_route(qwen2_vocab):
     """Keys beside named keys (``additionalProperties``) are the complement of the named keys,
     with free text at every node of their trie. That text carries its closing quote
@@ -229,13 +238,8 @@ def test_free_key_text_ends_with_its_quote_so_its_parts_take_the_region_route(qw
                                                              "additionalProperties": inner}},
               "additionalProperties": inner}
     compiled = _compile("json_schema", schema, vocab)
-    ref = _reference(vocab)
     doc = '{"options": {"panel": {"leftPanelX": "a", "lef": "b", "title": "t"}, "other": {"titles": "c", "leftPanel": true}}}'
-    m = GrammarMatcher(compiled)
-    for i in range(len(doc)):
-        assert np.array_equal(compiled.token_mask(m.state), ref.row(compiled.automaton, m.state)), doc[:i]
-        assert m.accept_bytes(doc[i])
-    assert m.can_terminate()
+    _masks_equal_reference_at_every_byte(compiled, _reference(vocab), doc)
     assert compiled.masks.routes["region part"] >= 20, compiled.masks.routes
 
 
@@ -250,11 +254,6 @@ def test_key_start_under_a_union_of_object_shapes_walks_its_top_whole(qwen2_voca
                "required": [f"{w}_0"], "additionalProperties": {"type": "integer"}} for w in words]
     schema = {"type": "object", "properties": {"items": {"type": "array", "items": {"anyOf": shapes}}}}
     compiled = _compile("json_schema", schema, vocab)
-    ref = _reference(vocab)
     doc = '{"items": [{"bravo_0": "x", "bravo_2": "y", "brave": 1}, {"echo_0": "z", "zulu": 2, "echo_1": "w"}]}'
-    m = GrammarMatcher(compiled)
-    for i in range(len(doc)):
-        assert np.array_equal(compiled.token_mask(m.state), ref.row(compiled.automaton, m.state)), doc[:i]
-        assert m.accept_bytes(doc[i])
-    assert m.can_terminate()
+    _masks_equal_reference_at_every_byte(compiled, _reference(vocab), doc)
     assert compiled.masks.routes["whole top"] >= 1, compiled.masks.routes

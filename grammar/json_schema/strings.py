@@ -174,7 +174,9 @@ def _closed_complement(words: frozenset[str], depth: int) -> ir.Expr:
         return ir.seq(_FREE_TEXT, QUOTE)
     firsts = tuple(sorted({w[0] for w in words if w}))
     parts: list[ir.Expr] = [] if "" in words else [QUOTE]
-    parts.append(_other_text(firsts))
+    # A new node per trie node, as the three passes made: the NFA builder shares a subexpression
+    # by how often it occurs, so one node object under many parents would change what it shares.
+    parts.append(ir.seq(_other_char(firsts), _FREE_TEXT, QUOTE))
     for c in firsts:
         rest = frozenset(w[1:] for w in words if w and w[0] == c)
         parts.append(ir.seq(_encoded_char(c), _closed_complement(rest, depth + 2)))
@@ -182,10 +184,9 @@ def _closed_complement(words: frozenset[str], depth: int) -> ir.Expr:
 
 
 @lru_cache(maxsize=4096)
-def _other_text(firsts: tuple[str, ...]) -> ir.Expr:
-    """A character other than ``firsts``, free text, and the closing quote (encoded)."""
-    others = ir.char_class([(ord(c), ord(c)) for c in firsts], negate=True)
-    return ir.seq(encode_char_class(others.ranges), _FREE_TEXT, QUOTE)
+def _other_char(firsts: tuple[str, ...]) -> ir.Expr:
+    """Any character but ``firsts``, encoded."""
+    return encode_char_class(ir.char_class([(ord(c), ord(c)) for c in firsts], negate=True).ranges)
 
 
 @lru_cache(maxsize=4096)
