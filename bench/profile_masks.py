@@ -8,7 +8,7 @@ the slowest masks can be broken down into:
 - determinize: lazy determinization (``LazyAutomaton.expand``: closures, stack interning);
 - stacks: truncation of deep recursive configurations and the shared top-frame masks' bookkeeping;
 - region: finding string-like regions; shape tables: per-shape splits shared across grammars;
-- siblings: finding a sibling state's differing bytes, splitting configurations into parts;
+- siblings: finding a state's sibling and their differing bytes, splitting configurations into parts;
 - walk: the trie walk and token-major checks; pack: bool -> int32 packing; other: the rest.
 
 Phase functions that do not exist in the checked-out version are skipped, so the same script
@@ -55,6 +55,7 @@ PHASES: dict[str, list[str]] = {
         "grammar.regions.split_region",
     ],
     "siblings": [
+        "grammar.automaton.LazyAutomaton.sibling_of",
         "grammar.automaton.LazyAutomaton.differing_bytes",
         "grammar.automaton.LazyAutomaton.split",
     ],

@@ -105,13 +105,6 @@ class LazyAutomaton:
         with self.lock:
             self.check_status(det.expand_row(self.core, state))
 
-    def row_shape(self, state: int) -> tuple[int, int, int]:
-        """(bytes looping back to ``state``, lowest live byte, highest live byte; -1 if none)."""
-        with self.lock:
-            status, loops, lo, hi = det.row_shape(self.core, state)
-        self.check_status(int(status))
-        return int(loops), int(lo), int(hi)
-
     def step(self, state: int, byte: int) -> int:
         self.expand(state)
         return int(self.table[state, byte])

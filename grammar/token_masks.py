@@ -281,7 +281,7 @@ class GrammarMasks:
                 new.append(part)
             else:
                 entries.append(entry)
-        if sum(self.automaton.live_bytes(part) >= MIN_SIBLING_LIVE_BYTES for part in new) > MAX_NEW_WIDE_PARTS:
+        if sum(automaton.live_bytes(part) >= MIN_SIBLING_LIVE_BYTES for part in new) > MAX_NEW_WIDE_PARTS:
             self.routes["whole top"] += 1
             return self._walk_top(top)
         for part in new:
