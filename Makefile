@@ -26,8 +26,12 @@ demo: install
 	$(VENV)/bin/formcast generate --regex '\d{4}-\d{2}-\d{2}' \
 		--prompt "On what date did Apollo 11 land on the Moon? Answer as YYYY-MM-DD." --max-new-tokens 16
 
+# Two worker processes, each taking whole test files (a module's model and Engine load once);
+# TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
+
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV)

@@ -124,11 +124,12 @@ def run_local(records: list[dict], spec: Any, args: argparse.Namespace, folder: 
 
 
 def run_ray(records_file: Path, spec: Any, workers: int, args: argparse.Namespace) -> Row:
+    from engine import Engine
     from engine.extract.job import RayOptions
     from engine.extract.ray_runner import ray_results
 
     options = RayOptions(num_workers=workers, batch_size=args.ray_batch_size, cpus_per_worker=args.threads)
-    results = ray_results(records_file, spec, {"dtype": "float32"}, options, skip=set())
+    results = ray_results(records_file, spec, {"dtype": "float32"}, options, skip=set(), engine_factory=Engine)
     return timed_results(results, Row(f"formcast Ray runner, {workers} worker{'s' * (workers > 1)}"))
 
 

@@ -21,18 +21,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .errors import InvalidSamplingParams  # defined with the other field errors; imported from here too
+
 __all__ = ["InvalidSamplingParams", "SamplingParams", "to_sampling_params", "GRAMMAR_FIELDS"]
 
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 _MAX_SEED = 2**63 - 1
-
-
-class InvalidSamplingParams(ValueError):
-    """A sampling parameter out of range; ``field`` names it."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """Character-level IR -> NFA -> DFA (subset construction), for ``char_dfa``.
 
 Thompson construction over code point ranges, with two zero-width edges for strict anchors:
-``char_dfa.START`` passes only before the first character, ``char_dfa.END`` only after the
-last. Subset construction keeps, per DFA state, disjoint code point intervals per move; the
-result is tabulated and minimized by ``char_dfa``.
+``START`` passes only before the first character, ``END`` only after the last. Subset
+construction keeps, per DFA state, disjoint code point intervals per move; the result is
+tabulated and minimized by ``char_dfa_kernels``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from . import ir
-from .char_dfa import END, MAX_DFA_STATES, MAX_NFA_STATES, START, CharDFA, _minimize, _tabulate
+from .char_dfa_kernels import END, MAX_DFA_STATES, MAX_NFA_STATES, START, CharDFA, minimize, tabulate
 from .errors import GrammarBudgetError, GrammarError
 
 
@@ -167,4 +167,4 @@ def build(expr: ir.Expr) -> CharDFA:
             row.append((lo, hi, j))
         rows.append(row)
         i += 1
-    return _minimize(_tabulate(rows, accepting))
+    return minimize(tabulate(rows, accepting))

@@ -2,7 +2,8 @@
 
 Every node is one ``uint64`` word: its byte, its depth, the token that ends at it and the index of
 the first node *after* its subtree. A walk visits nodes in array order and, when a prefix is
-rejected, jumps over the whole subtree in one step (``token_walk.py`` does the walking). The
+rejected, jumps over the whole subtree in one step (``token_walk.py`` does the walking; the
+compiled ``build_trie_nodes`` here lays the nodes out). The
 sequential layout is what makes the compiled walk fast: one 8-byte load per visited node, read
 front to back, and most tokens die at their first or second byte.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from .bitmask import bitmask_width
 from .vocab import TokenVocabulary
@@ -69,8 +71,6 @@ class TokenTrie:
 
 def build_trie(token_bytes: list[bytes], ids: list[int], vocab_size: int, eos_ids=()) -> TokenTrie:
     """A trie over arbitrary (bytes, id) pairs; several ids may share one byte string."""
-    from .token_walk import build_trie_nodes
-
     if vocab_size > FIELD_24 - 1:
         raise ValueError(f"vocabularies of more than {FIELD_24 - 1} tokens are not supported")
     order = sorted(range(len(ids)), key=lambda j: token_bytes[j])
@@ -120,6 +120,55 @@ def build_trie(token_bytes: list[bytes], ids: list[int], vocab_size: int, eos_id
         first_byte_nodes=first_byte_nodes,
         first_byte_bits=first_byte_bits,
     )
+
+
+@njit("Tuple((uint64[::1], int32[::1]))(uint8[::1], int64[::1], int32[::1], int32[::1], int64)", nogil=True, cache=True)
+def build_trie_nodes(flat, offsets, lengths, ids, n):  # pragma: no cover - compiled
+    """Preorder node words and first positions of the first ``n`` (sorted, distinct) tokens."""
+    total = 0
+    prev_len = 0
+    for i in range(n):
+        lcp = 0
+        if i > 0:
+            a, b = offsets[i - 1], offsets[i]
+            m = min(prev_len, lengths[i])
+            while lcp < m and flat[a + lcp] == flat[b + lcp]:
+                lcp += 1
+        total += lengths[i] - lcp
+        prev_len = lengths[i]
+    words = np.zeros(total, dtype=np.uint64)
+    first_pos = np.empty(total + 1, dtype=np.int32)
+    depth = np.empty(total, dtype=np.int32)
+    k = 0
+    prev_len = 0
+    for i in range(n):
+        lcp = 0
+        if i > 0:
+            a, b = offsets[i - 1], offsets[i]
+            m = min(prev_len, lengths[i])
+            while lcp < m and flat[a + lcp] == flat[b + lcp]:
+                lcp += 1
+        for d in range(lcp, lengths[i]):
+            words[k] = np.uint64(flat[offsets[i] + d]) | (np.uint64(d + 1) << np.uint64(DEPTH_SHIFT))
+            depth[k] = d + 1
+            first_pos[k] = i
+            k += 1
+        words[k - 1] |= np.uint64(ids[i] + 1) << np.uint64(TOKEN_SHIFT)
+        prev_len = lengths[i]
+    first_pos[total] = n
+    # skip[k]: the first later node no deeper than k (the end of k's subtree), via a stack.
+    stack = np.empty(total + 1, dtype=np.int64)
+    top = 0
+    for k in range(total):
+        while top > 0 and depth[stack[top - 1]] >= depth[k]:
+            words[stack[top - 1]] |= np.uint64(k) << np.uint64(SKIP_SHIFT)
+            top -= 1
+        stack[top] = k
+        top += 1
+    while top > 0:
+        words[stack[top - 1]] |= np.uint64(total) << np.uint64(SKIP_SHIFT)
+        top -= 1
+    return words, first_pos
 
 
 def node_fields(word: int) -> tuple[int, int, int, int]:

@@ -88,55 +88,6 @@ _NO_RANGES = np.zeros((1, 4), dtype=np.int32)
 # ---------------------------------------------------------------------------------- kernels
 
 
-@njit("Tuple((uint64[::1], int32[::1]))(uint8[::1], int64[::1], int32[::1], int32[::1], int64)", nogil=True, cache=True)
-def build_trie_nodes(flat, offsets, lengths, ids, n):  # pragma: no cover - compiled
-    """Preorder node words and first positions of the first ``n`` (sorted, distinct) tokens."""
-    total = 0
-    prev_len = 0
-    for i in range(n):
-        lcp = 0
-        if i > 0:
-            a, b = offsets[i - 1], offsets[i]
-            m = min(prev_len, lengths[i])
-            while lcp < m and flat[a + lcp] == flat[b + lcp]:
-                lcp += 1
-        total += lengths[i] - lcp
-        prev_len = lengths[i]
-    words = np.zeros(total, dtype=np.uint64)
-    first_pos = np.empty(total + 1, dtype=np.int32)
-    depth = np.empty(total, dtype=np.int32)
-    k = 0
-    prev_len = 0
-    for i in range(n):
-        lcp = 0
-        if i > 0:
-            a, b = offsets[i - 1], offsets[i]
-            m = min(prev_len, lengths[i])
-            while lcp < m and flat[a + lcp] == flat[b + lcp]:
-                lcp += 1
-        for d in range(lcp, lengths[i]):
-            words[k] = np.uint64(flat[offsets[i] + d]) | (np.uint64(d + 1) << np.uint64(DEPTH_SHIFT))
-            depth[k] = d + 1
-            first_pos[k] = i
-            k += 1
-        words[k - 1] |= np.uint64(ids[i] + 1) << np.uint64(TOKEN_SHIFT)
-        prev_len = lengths[i]
-    first_pos[total] = n
-    # skip[k]: the first later node no deeper than k (the end of k's subtree), via a stack.
-    stack = np.empty(total + 1, dtype=np.int64)
-    top = 0
-    for k in range(total):
-        while top > 0 and depth[stack[top - 1]] >= depth[k]:
-            words[stack[top - 1]] |= np.uint64(k) << np.uint64(SKIP_SHIFT)
-            top -= 1
-        stack[top] = k
-        top += 1
-    while top > 0:
-        words[stack[top - 1]] |= np.uint64(total) << np.uint64(SKIP_SHIFT)
-        top -= 1
-    return words, first_pos
-
-
 @njit(nogil=True, cache=True)
 def _walk_kernel(core, words, first_pos, begin, end, mode, state_at, tainted, bits, ends, want_ends, ranges, io):  # pragma: no cover
     """Depth-first walk from ``state_at[0]`` over the nodes ``begin`` .. ``end`` (whole subtrees),

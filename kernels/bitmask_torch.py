@@ -89,7 +89,7 @@ def normalize_args(
     return logits, bitmask, indices
 
 
-def _effective_cols(logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int | None) -> int:
+def effective_cols(logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int | None) -> int:
     """Columns governed by the bitmask; every column at or beyond it is masked."""
     cols = min(logits.shape[1], bitmask.shape[1] * BITS_PER_WORD)
     return cols if vocab_size is None else min(cols, vocab_size)
@@ -105,7 +105,7 @@ def apply_token_bitmask_inplace_reference(
     """Reference semantics: ``logits[r, t] = -inf`` where bit t of row r is 0 or t is beyond the mask."""
     logits, bitmask, indices = normalize_args(logits, bitmask, indices)
     rows = torch.arange(logits.shape[0]) if indices is None else indices.cpu()
-    cols = _effective_cols(logits, bitmask, vocab_size)
+    cols = effective_cols(logits, bitmask, vocab_size)
     for r in rows.tolist():
         bits = (bitmask[r].cpu().unsqueeze(-1) >> _SHIFTS) & 1
         masked = torch.ones(logits.shape[1], dtype=torch.bool)
@@ -141,7 +141,7 @@ def apply_token_bitmask_inplace_torch(
 def _apply_rows(logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int | None) -> None:
     """Apply to every row of a contiguous 2-D ``logits``, tile by tile."""
     n_rows, n_cols = logits.shape
-    cols = _effective_cols(logits, bitmask, vocab_size)
+    cols = effective_cols(logits, bitmask, vocab_size)
     if cols < n_cols:
         logits[:, cols:].fill_(float("-inf"))
     if cols == 0 or n_rows == 0:

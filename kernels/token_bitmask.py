@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .bitmask_torch import _effective_cols, apply_token_bitmask_inplace_torch, normalize_args
+from .bitmask_torch import effective_cols, apply_token_bitmask_inplace_torch, normalize_args
 
 
 def apply_token_bitmask_inplace(
@@ -36,7 +36,7 @@ def apply_token_bitmask_inplace(
             bitmask = bitmask.to(logits.device, non_blocking=True)
         if idx is not None:
             idx = idx.to(logits.device, non_blocking=True)
-        cols = _effective_cols(logits, bitmask, vocab_size)
+        cols = effective_cols(logits, bitmask, vocab_size)
         apply_token_bitmask_inplace_triton(logits, bitmask, idx, cols)
         return
     if bitmask.device != logits.device:

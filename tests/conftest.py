@@ -8,6 +8,15 @@
 - ``require_optional(module_name)``: ``pytest.importorskip`` for the optional packages CI installs.
 
 Heavy imports (transformers, torch) happen inside the fixtures so grammar-only tests stay light.
+
+Parallel runs: ``make test`` runs two pytest-xdist workers, each taking whole files
+(``--dist loadfile``), so a module's fixtures (a loaded model, an Engine) are built once, in one
+process. Each worker gets its share of the cores for torch's and numba's thread pools; files
+marked ``slow`` (the end-to-end ones with the real model) are handed out first, so the two workers
+finish together instead of one starting the longest file last. What the workers share is safe to
+share: the model conversion into ``~/.cache/formcast`` takes a lock and publishes by rename
+(``engine/hf/model_files.py``), the vocabulary table and numba's cache are written to a temporary
+file and renamed into place, and the servers the tests start listen on free ports (port 0).
 """
 
 from __future__ import annotations
@@ -18,6 +27,23 @@ from types import ModuleType
 
 import pytest
 from hypothesis import settings
+
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if os.environ.get("PYTEST_XDIST_WORKER") and _WORKERS > 1:
+    # Before anything imports torch or numba: two workers with a full pool each oversubscribe.
+    for _var in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ.setdefault(_var, str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with end-to-end (``slow``) tests first, each file's tests kept in their order: with
+    ``--dist loadfile`` the longest files start at once rather than last. A run in one process
+    keeps pytest's order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)  # a stable sort keeps the order within a file
+
 
 # CI runs the property tests with a fixed derandomized seed, so a submission's verdict does not
 # depend on the draw; local runs keep exploring new examples every time.

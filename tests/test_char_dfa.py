@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grammar import char_dfa as cd
+from grammar.char_dfa_kernels import minimize_kernel
 from grammar import ir
 from grammar.errors import GrammarBudgetError
 from grammar.regex import regex_to_ir
@@ -102,7 +103,7 @@ def test_compiled_minimization_equals_the_textbook_one(drawn):
     table, accepting = drawn
     n, k = len(table), len(table[0])
     full = np.array([[t if t >= 0 else n for t in row] for row in table] + [[n] * k], dtype=np.int32)
-    reps, got = cd._minimize_kernel(full, np.array(accepting + [False]), cd.MINIMIZE_ROUNDS)
+    reps, got = minimize_kernel(full, np.array(accepting + [False]), cd.MINIMIZE_ROUNDS)
     want_table, want_accepting = _reference_minimal(table, accepting)
     assert got.tolist() == want_table
     assert [accepting[r] if r < n else False for r in reps.tolist()] == want_accepting

@@ -171,6 +171,7 @@ def test_failures_are_result_lines_with_clear_messages(tmp_path):
 
 def test_ray_path_gives_the_local_runners_outputs(job, tmp_path):
     ray = require_optional("ray")  # in the dev extra: CI installs it
+    from engine import Engine
     from engine.extract.job import JobConfig, RayOptions, run_job
     from engine.extract.spec import ExtractSpec
 
@@ -191,7 +192,7 @@ def test_ray_path_gives_the_local_runners_outputs(job, tmp_path):
         for path in _csv_and_parquet_copies(first, tmp_path):  # Ray's read task reads as the local reader does
             rows = ray.data.read_datasource(RecordsDatasource(str(path), "id", set()), num_cpus=0).take_all()
             assert [SourceRecord.from_payload(r["payload"]) for r in rows] == list(read_records(path))
-        summary = run_job(JobConfig(first, output, spec, engine_options, ray=RayOptions(num_workers=2, batch_size=16), progress=False))
+        summary = run_job(JobConfig(first, output, spec, engine_options, ray=RayOptions(num_workers=2, batch_size=16), progress=False), Engine)
     finally:
         ray.shutdown()
     assert summary.skipped == 5 and summary.done == 46 and summary.failed[FailureType.MALFORMED_LINE] == 1

@@ -128,10 +128,8 @@ def test_penalties_match_direct_computation() -> None:
     assert torch.allclose(got, expected, atol=1e-6)
 
 
-def test_update_penalties_counts_new_tokens() -> None:
-    info = SamplingBatchInfo.from_params([SamplingParams(frequency_penalty=1.0), SamplingParams()], V)
-    info.update_penalties(torch.tensor([5, 6]))
-    info.update_penalties(torch.tensor([5, NO_TOKEN]))
+def test_penalties_count_the_output_so_far() -> None:
+    info = SamplingBatchInfo.from_params([SamplingParams(frequency_penalty=1.0), SamplingParams()], V, output_ids=[[5, 5], [6]])
     assert info.penalties.output_counts[0, 5] == 2 and info.penalties.output_counts[1, 6] == 1
     assert info.penalties.output_counts.sum() == 3 and info.penalties.seen[1, 6]
     logits = torch.zeros(2, V)
@@ -142,7 +140,6 @@ def test_update_penalties_counts_new_tokens() -> None:
 def test_no_penalty_state_without_penalties() -> None:
     info = SamplingBatchInfo.from_params([SamplingParams()], V)
     assert info.penalties is None and info.vocab_mask is None
-    info.update_penalties(torch.tensor([1]))
 
 
 @pytest.mark.parametrize("candidates", [1024, 12, 2])  # small: the topk candidate paths and the full-sort fallback
@@ -215,30 +212,15 @@ def test_seed_reproduces_tokens_whatever_the_batch() -> None:
     assert other_seed != alone
 
 
-def test_generators_survive_filter_and_merge() -> None:
+def test_generators_carry_over_to_the_next_batch() -> None:
     params = [SamplingParams(sampling_seed=7), SamplingParams(sampling_seed=8)]
     row = _logits(1, seed=3)[0]
     reference = _run_steps(SamplingBatchInfo.from_params([params[1]], V), [row], 4)[0]
     info = SamplingBatchInfo.from_params(params, V)
     first = _run_steps(info, [row, row], 2)[1]
-    info = info.filter([1]).merge(SamplingBatchInfo.from_params([SamplingParams()], V))
+    info = SamplingBatchInfo.from_params([params[1], SamplingParams()], V, generators=[info.generators[1], None])
     rest = _run_steps(info, [row, row], 2)[0]
     assert first + rest == reference
-
-
-def test_filter_and_merge_keep_rows_aligned() -> None:
-    params = [SamplingParams(temperature=0.5, regex="a"), SamplingParams(top_k=3), SamplingParams(top_p=0.7, presence_penalty=1.0)]
-    info = SamplingBatchInfo.from_params(params, V)
-    info.vocab_mask_numpy()[0, 0] = 12345
-    kept = info.filter([2, 0])
-    assert kept.top_ps.tolist() == pytest.approx([0.7, 1.0]) and kept.temperatures[:, 0].tolist() == [1.0, 0.5]
-    assert kept.grammar_rows == [False, True] and kept.vocab_mask[1, 0] == 12345
-    assert kept.penalties.presence[:, 0].tolist() == [1.0, 0.0]
-    merged = SamplingBatchInfo.from_params([SamplingParams(top_k=2)], V).merge(kept)
-    assert merged.batch_size == 3 and merged.top_ks.tolist() == [2, V, V]
-    assert merged.grammar_rows == [False, False, True] and merged.vocab_mask[2, 0] == 12345
-    assert (merged.vocab_mask[0] == -1).all() and merged.penalties.presence[:, 0].tolist() == [0.0, 1.0, 0.0]
-    assert merged.need_top_k and merged.need_top_p and not merged.need_min_p
 
 
 def test_vocab_mask_numpy_is_a_view() -> None:
@@ -286,27 +268,22 @@ def test_samples_follow_the_renormalized_distribution(temperature, top_k, top_p,
     assert ((freq - probs).abs() <= 5 * stderr + 1e-12).all(), (freq, probs)
 
 
-def test_penalty_state_merge_with_neutral() -> None:
-    a = PenaltyState.build([0.5], [0.0], [1.0], V, torch.device("cpu"), output_ids=[[1, 1]])
-    merged = a.merge(PenaltyState.neutral(2, V, torch.device("cpu")))
-    logits = torch.zeros(3, V)
-    merged.apply(logits)
-    assert logits[0, 1] == -1.0 and (logits[1:] == 0).all()
-
-
 def test_min_new_tokens_suppresses_stops_until_reached() -> None:
     logits = torch.zeros(2, V)
     logits[:, 3] = 50.0  # EOS is overwhelmingly likely
     logits[:, 9] = 40.0  # a stop_token_id
     params = [SamplingParams(temperature=0.0, min_new_tokens=2, stop_token_ids=[9]), SamplingParams(temperature=0.0, min_new_tokens=2, ignore_eos=True)]
-    info = SamplingBatchInfo.from_params(params, V, output_ids=[[], [1]], eos_token_ids=[3])
+    outputs: list[list[int]] = [[], [1]]
+    step = lambda: SamplingBatchInfo.from_params(params, V, output_ids=outputs, eos_token_ids=[3])  # noqa: E731
+    info = step()
     assert info.min_tokens_left == [2, 1] and info.min_tokens_stop_ids == [[3, 9], []]
     sampler = Sampler()
     first = sampler.sample(logits.clone(), info).next_token_ids.tolist()
     assert first[0] not in (3, 9) and first[1] == 3  # ignore_eos: EOS is not a stop here
-    info.update_penalties(torch.tensor(first))
-    assert sampler.sample(logits.clone(), info).next_token_ids[0] not in (3, 9)
-    info.update_penalties(torch.tensor(first))
+    outputs = [o + [t] for o, t in zip(outputs, first)]
+    assert sampler.sample(logits.clone(), step()).next_token_ids[0] not in (3, 9)
+    outputs = [o + [t] for o, t in zip(outputs, first)]
+    info = step()
     assert info.min_tokens_left == [0, 0]
     assert sampler.sample(logits.clone(), info).next_token_ids[0] == 3
 
@@ -318,4 +295,3 @@ def test_min_new_tokens_yields_to_a_grammar_that_only_allows_a_stop() -> None:
     _set_mask(info, 0, allowed)
     out = Sampler().sample(_logits(1), info)
     assert out.next_token_ids.tolist() == [3] and not out.finished_no_allowed_token.any()
-    assert info.filter([0]).merge(info).min_tokens_left == [5, 5]

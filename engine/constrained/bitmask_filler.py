@@ -17,23 +17,25 @@ from grammar import GrammarError
 
 if TYPE_CHECKING:
     from ..managers.schedule_batch import ScheduleBatch
-    from ..sampling.sampling_batch_info import SamplingBatchInfo
+    from ..forward.forward_batch import ForwardBatch
 
 
-def fill_grammar_masks(batch: ScheduleBatch, info: SamplingBatchInfo) -> tuple[dict[int, str], dict[int, int]]:
-    """(errors by sampling row, drafts pushed into each sampling row's matcher)."""
+def fill_grammar_masks(batch: ScheduleBatch, forward: ForwardBatch) -> tuple[dict[int, str], dict[int, int]]:
+    """(errors by sampling row, drafts pushed into each sampling row's matcher): one mask per
+    virtual row of ``forward.row_layout`` into ``forward.sampling_info``'s bitmask."""
+    info, layout = forward.sampling_info, forward.row_layout
+    assert info is not None and layout is not None
     bitmask = info.vocab_mask_numpy()
     errors: dict[int, str] = {}
     advanced: dict[int, int] = {}
-    v = 0  # first virtual row of the current sampling row
-    for i, row in enumerate(batch.sampling_rows):
-        req, drafts, forced = batch.reqs[row], batch.drafts[row].tokens, batch.drafts[row].forced
+    for span in layout.spans:
+        v = span.start
         if not info.grammar_rows[v]:
-            v += len(drafts) + 1
             continue
+        req, drafts, forced = batch.reqs[span.row], batch.drafts[span.row].tokens, batch.drafts[span.row].forced
         done = 0
         try:
-            for j in range(len(drafts) + 1):
+            for j in range(span.drafts + 1):
                 if forced and j < len(drafts) and forced[j]:
                     # Accepted whatever the mask says (jump-forward's token): no mask to compute.
                     bitmask[v + j] = 0
@@ -45,8 +47,7 @@ def fill_grammar_masks(batch: ScheduleBatch, info: SamplingBatchInfo) -> tuple[d
                         break
                     done += 1
         except GrammarError as exc:
-            errors[i] = str(exc)
-            bitmask[v : v + len(drafts) + 1] = -1
-        advanced[i] = done
-        v += len(drafts) + 1
+            errors[span.index] = str(exc)
+            bitmask[v : span.stop] = -1
+        advanced[span.index] = done
     return errors, advanced

@@ -24,18 +24,11 @@ from typing import Any, Callable
 import grammar
 from grammar import CompileBudget, GrammarError, TokenVocabulary
 
+from ..errors import InvalidGrammar  # defined with the other field errors; imported from here too
 from ..sampling_params import SamplingParams
 
 # Outcomes kept (compiled grammars also sit in grammar's own cache, which bounds their memory).
 OUTCOME_CACHE_SIZE = 512
-
-
-class InvalidGrammar(GrammarError):
-    """A constraint that cannot be compiled; ``field`` names the SamplingParams field."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
 
 
 class GrammarBackend:

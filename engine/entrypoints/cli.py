@@ -103,6 +103,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     import signal
 
     from ..extract.job import JobConfig, RayOptions, run_job
+    from .engine import Engine
     from ..extract.spec import ExtractSpec
 
     if args.max_new_tokens < 1:
@@ -124,7 +125,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C: in-flight requests are aborted, the output is flushed and closed.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        summary = run_job(config)
+        summary = run_job(config, Engine)
     except KeyboardInterrupt:
         print(f"formcast: interrupted; {args.output} holds every finished record: rerun the same command to go on", file=sys.stderr)
         return 130

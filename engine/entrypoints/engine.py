@@ -34,22 +34,15 @@ from grammar import TokenVocabulary
 from grammar.token_masks import vocabulary_masks
 
 from ..constrained.grammar_backend import GrammarBackend
+from ..errors import PromptError  # defined with the other field errors; imported from here too
 from ..managers.detokenizer import Detokenizer, TokenTexts
 from ..managers.io_struct import BatchTokenIDOutput, ReqStrOutput
 from ..managers.req import Req
 from ..managers.scheduler import Scheduler, SchedulerConfig
 from ..model_executor.model_runner import ModelRunner
 from ..sampling_params import InvalidSamplingParams, SamplingParams
-from ..speculative.worker import SpeculativeConfig
+from ..speculative.worker import SpeculativeConfig, build_worker
 from .engine_args import EngineArgs
-
-
-class PromptError(ValueError):
-    """A prompt the engine cannot run (empty, too long, token ids out of range); ``field`` names it."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
 
 
 class Engine:
@@ -83,15 +76,16 @@ class Engine:
             enable_prefix_cache=args.enable_prefix_cache,
             enable_jump_forward=args.enable_jump_forward,
             reasoning_end=args.reasoning_end,
-            speculative=SpeculativeConfig(
-                algorithm=args.speculative_algorithm,
-                num_draft_tokens=args.speculative_num_draft_tokens,
-                draft_model_path=args.speculative_draft_model_path,
-                draft_num_layers=args.speculative_draft_num_layers,
-                jump_forward=args.enable_jump_forward,
-            ),
         )
-        self.scheduler = Scheduler(self.runner, self.tokenizer, self.vocab, self.grammar_backend, config, self._delivery.put)
+        speculative = SpeculativeConfig(
+            algorithm=args.speculative_algorithm,
+            num_draft_tokens=args.speculative_num_draft_tokens,
+            draft_model_path=args.speculative_draft_model_path,
+            draft_num_layers=args.speculative_draft_num_layers,
+            jump_forward=args.enable_jump_forward,
+        )
+        spec = build_worker(speculative, self.runner, self.tokenizer, self.texts, self.vocab)
+        self.scheduler = Scheduler(self.runner, self.tokenizer, self.vocab, self.grammar_backend, config, self._delivery.put, spec)
         if args.freeze_gc_after_startup:
             vocabulary_masks(self.vocab)  # the token trie and the mask kernels, loaded before freezing
             gc.collect()

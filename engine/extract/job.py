@@ -18,12 +18,20 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .output import ResultWriter, drop_failures, read_existing
 from .records import count_records, id_key, input_format, read_records
 from .results import ExtractResult
 from .spec import ExtractSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..entrypoints.engine import Engine
+
+# The job builds its Engines (one, or one per Ray actor) with the factory its caller hands over,
+# ``Engine`` itself for the CLI: the extraction package is an application on top of the Engine
+# and never imports the entry points (which import it).
+EngineFactory = Callable[..., "Engine"]
 
 
 @dataclass
@@ -85,8 +93,9 @@ class JobSummary:
         return "\n".join(lines)
 
 
-def run_job(config: JobConfig) -> JobSummary:
-    """Run the job to the end; ``KeyboardInterrupt`` leaves a resumable output."""
+def run_job(config: JobConfig, engine_factory: EngineFactory) -> JobSummary:
+    """Run the job to the end on Engines built by ``engine_factory(**config.engine_options)``;
+    ``KeyboardInterrupt`` leaves a resumable output."""
     input_format(config.input)
     if not Path(config.input).is_file():
         raise FileNotFoundError(f"input file {config.input} does not exist")
@@ -94,7 +103,7 @@ def run_job(config: JobConfig) -> JobSummary:
     existing = _prepare_output(config)
     total = max(0, count_records(config.input) - len(existing.done))
     summary = JobSummary()
-    with _results(config, existing.done, summary) as results, ResultWriter(config.output) as writer:
+    with _results(config, engine_factory, existing.done, summary) as results, ResultWriter(config.output) as writer:
         start = time.monotonic()  # after the model loaded (the Ray actors load theirs inside)
         bar = _progress(total, config.progress)
         try:
@@ -126,7 +135,7 @@ def _prepare_output(config: JobConfig) -> Any:
 
 
 @contextlib.contextmanager
-def _results(config: JobConfig, done: set[str], summary: JobSummary) -> Iterator[Iterator[ExtractResult]]:
+def _results(config: JobConfig, engine_factory: EngineFactory, done: set[str], summary: JobSummary) -> Iterator[Iterator[ExtractResult]]:
     """The results of the records not done yet, from the runner the config names."""
     if config.ray is not None:
         try:
@@ -134,13 +143,12 @@ def _results(config: JobConfig, done: set[str], summary: JobSummary) -> Iterator
         except ImportError as exc:
             raise ValueError(f'--ray needs Ray Data: pip install "formcast[ray]" ({exc})') from None
         summary.skipped = _count_done(config, done)
-        yield ray_results(config.input, config.spec, config.engine_options, config.ray, done)
+        yield ray_results(config.input, config.spec, config.engine_options, config.ray, done, engine_factory)
         return
-    from ..entrypoints.engine import Engine
     from .runner import run_records
 
     _note("loading model...")
-    with Engine(**config.engine_options) as engine:
+    with engine_factory(**config.engine_options) as engine:
         yield run_records(engine, _not_done(config, done, summary), config.spec, window=config.window)
 
 

@@ -37,7 +37,7 @@ import ray
 import ray.data
 from ray.data.datasource import FileBasedDatasource
 
-from .job import RayOptions
+from .job import EngineFactory, RayOptions
 from .records import SourceRecord, id_key, input_format, read_stream
 from .results import ExtractResult
 from .runner import run_records
@@ -47,8 +47,9 @@ BLOCK_ROWS = 1024  # records per block out of the read task
 
 
 def ray_results(input_path: Path, spec: ExtractSpec, engine_options: dict[str, Any], options: RayOptions,
-                skip: set[str]) -> Iterator[ExtractResult]:  # fmt: skip
-    """The results of every record of ``input_path`` whose id key is not in ``skip``."""
+                skip: set[str], engine_factory: EngineFactory) -> Iterator[ExtractResult]:  # fmt: skip
+    """The results of every record of ``input_path`` whose id key is not in ``skip``; each actor
+    builds its Engine with ``engine_factory`` (pickled by reference: importable in the actors)."""
     started = not ray.is_initialized()
     if started:
         ray.init(address=options.address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
@@ -63,7 +64,7 @@ def ray_results(input_path: Path, spec: ExtractSpec, engine_options: dict[str, A
         options_per_actor = {"num_threads": max(1, int(options.cpus_per_worker)), **engine_options}
         results = dataset.map_batches(
             ExtractWorker,
-            fn_constructor_kwargs={"spec": spec.to_json(), "engine_options": options_per_actor},
+            fn_constructor_kwargs={"spec": spec.to_json(), "engine_options": options_per_actor, "engine_factory": engine_factory},
             batch_size=options.batch_size,
             batch_format="numpy",
             compute=_actor_pool(options.num_workers),
@@ -89,11 +90,9 @@ def _actor_pool(size: int) -> Any:
 class ExtractWorker:
     """A Ray Data actor: one Engine, fed batches of records by ``map_batches``."""
 
-    def __init__(self, spec: dict[str, Any], engine_options: dict[str, Any]) -> None:
-        from ..entrypoints.engine import Engine
-
+    def __init__(self, spec: dict[str, Any], engine_options: dict[str, Any], engine_factory: EngineFactory) -> None:
         self.spec = ExtractSpec.from_json(spec)
-        self.engine = Engine(**engine_options)
+        self.engine = engine_factory(**engine_options)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         records = [SourceRecord.from_payload(str(p)) for p in batch["payload"]]

@@ -25,6 +25,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..constrained.grammar_backend import InvalidGrammar
+from ..errors import PromptError
 from ..sampling_params import SamplingParams
 from .records import SourceRecord, from_dicts, id_key
 from .results import ExtractError, ExtractResult, FailureType, failure, from_generation
@@ -123,8 +124,6 @@ def _take_finished(running: dict[Future, str]) -> Iterator[ExtractResult]:
 
 
 def _run_one(engine: Engine, spec: ExtractSpec, params: SamplingParams, record: SourceRecord, rid: str) -> ExtractResult:
-    from ..entrypoints.engine import PromptError
-
     assert record.fields is not None
     try:
         text = spec.render(record.fields, record.line)

@@ -34,7 +34,7 @@ from kernels import paged_decode_attention
 
 from . import cpu_decode_attention
 
-from ..model_executor.forward_batch import ForwardBatch
+from ..forward.forward_batch import ForwardBatch
 
 MAX_PADDING_SHARE = 0.3
 MAX_DECODE_GROUPS = 8

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..model_executor.forward_batch import CaptureHiddenMode, ForwardBatch
+from ..forward.forward_batch import CaptureHiddenMode, ForwardBatch
 from .cpu_linear import linear
 
 

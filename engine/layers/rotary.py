@@ -6,10 +6,12 @@ computes them, so a lookup replaces per-step trigonometry."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..models.config import RopeConfig
+if TYPE_CHECKING:  # the layer reads the settings; models/config.py parses them (and imports this)
+    from ..models.config import RopeConfig
 
 
 def rope_inverse_frequencies(rope: RopeConfig, head_dim: int, max_positions: int) -> torch.Tensor:

@@ -52,7 +52,7 @@ class OutputProcessor:
             if row not in batch.sampling_rows:
                 r.kv_len += n
         self._record_input_logprobs(batch, logits, kv_before)
-        starts = batch.logit_starts()
+        starts = batch.layout.logit_starts()
         for i, (row, result) in enumerate(zip(batch.sampling_rows, results)):
             req = batch.reqs[row]
             produced = len(req.output_ids)
@@ -171,7 +171,7 @@ class OutputProcessor:
         per_row = logits.input_token_logprobs
         if per_row is None:
             return
-        starts = batch.logit_starts()
+        starts = batch.layout.logit_starts()
         for row, req in enumerate(batch.reqs):
             values = per_row[row]
             if values is None:

@@ -23,8 +23,8 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -35,13 +35,15 @@ from ..constrained.grammar_backend import GrammarBackend
 from ..mem_cache.radix_cache import RadixCache
 from ..model_executor.model_runner import ModelRunner
 from ..sampling.sampling_batch_info import make_generator
-from ..speculative.worker import SpeculativeConfig, SpeculativeWorker, build_drafter
 from .detokenizer import TokenTexts
 from .io_struct import BatchTokenIDOutput
 from .output_processor import OutputProcessor
 from .req import Req
 from .batch_planner import BatchPlanner
 from .schedule_batch import RowResult, ScheduleBatch
+
+if TYPE_CHECKING:
+    from ..speculative.worker import SpeculativeWorker
 
 log = logging.getLogger("formcast.scheduler")
 
@@ -53,7 +55,6 @@ class SchedulerConfig:
     enable_prefix_cache: bool = True
     enable_jump_forward: bool = True
     reasoning_end: str | None = None
-    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
 
 class Scheduler:
@@ -65,7 +66,10 @@ class Scheduler:
         grammar_backend: GrammarBackend,
         config: SchedulerConfig,
         sink: Callable[[BatchTokenIDOutput], None],
+        speculative: SpeculativeWorker | None = None,
     ) -> None:
+        """``speculative``: the drafter and verifier (``speculative.worker.build_worker``), or
+        None to decode one token per step."""
         self.runner = runner
         self.vocab = vocab
         self.grammar_backend = grammar_backend
@@ -75,10 +79,7 @@ class Scheduler:
         self.outputs = OutputProcessor(
             tokenizer, self.texts, enable_jump_forward=config.enable_jump_forward, reasoning_end=config.reasoning_end
         )
-        self.spec: SpeculativeWorker | None = None
-        if config.speculative.enabled:
-            drafter = build_drafter(config.speculative, runner, tokenizer, self.texts, vocab.vocab_size, frozenset(vocab.eos_token_ids))
-            self.spec = SpeculativeWorker(drafter, runner.sampler, config.speculative)
+        self.spec = speculative
         self.tree_cache = RadixCache(runner.req_to_token_pool, runner.token_to_kv_pool, disabled=not config.enable_prefix_cache)
         self.eos_ids = frozenset(vocab.eos_token_ids)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -239,10 +240,10 @@ class Scheduler:
         runner, timing = self.runner, self.timing
         t0 = time.perf_counter()
         forward = batch.to_forward_batch(runner.req_to_token_pool, runner.token_to_kv_pool, self.vocab.vocab_size, self.eos_ids)
-        info = batch.sampling_info
+        info = forward.sampling_info
         fill = None
         if info is not None and info.vocab_mask is not None:
-            fill = self._mask_pool.submit(fill_grammar_masks, batch, info)
+            fill = self._mask_pool.submit(fill_grammar_masks, batch, forward)
         t1 = time.perf_counter()
         logits = runner.forward(forward)
         t2 = time.perf_counter()
@@ -250,18 +251,13 @@ class Scheduler:
         t3 = time.perf_counter()
         results: list[RowResult] = []
         if info is not None:
-            rows = batch.sampling_logit_rows()
-            scored = logits.next_token_logits
-            if len(rows) != scored.shape[0]:
-                scored = scored.index_select(0, torch.tensor(rows, dtype=torch.int64, device=scored.device))
             if batch.has_drafts:
                 assert self.spec is not None
-                results = self.spec.verify(batch, scored, info, advanced)
+                results = self.spec.verify(batch, runner.sampling_logits(logits, forward), forward, advanced)
                 for i, error in mask_errors.items():
                     results[i].error = error
             else:
-                sampled = runner.sampler.sample(scored, info)
-                results = self.outputs.results_from_sampler(batch, sampled, mask_errors)
+                results = self.outputs.results_from_sampler(batch, runner.sample(logits, forward), mask_errors)
         t4 = time.perf_counter()
         self.stats["forwards"] += 1
         self.stats["prefill_tokens"] += sum(n for r, n in zip(batch.reqs, batch.num_tokens) if n > 1)

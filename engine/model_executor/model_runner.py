@@ -28,7 +28,7 @@ from ..models.config import ModelConfig
 from ..models.llama import LlamaForCausalLM
 from ..models.loader import load_model, resolve_dtype
 from ..sampling.sampler import Sampler, SamplerOutput
-from .forward_batch import ForwardBatch
+from ..forward.forward_batch import ForwardBatch
 
 # Never size the KV pool below this many tokens, whatever mem_fraction says.
 MIN_KV_TOKENS = 256
@@ -108,15 +108,19 @@ class ModelRunner:
         return compute_logits(hidden, self.model.lm_head, batch)
 
     @torch.inference_mode()
-    def sample(self, output: LogitsProcessorOutput, batch: ForwardBatch, rows: list[int] | None = None) -> SamplerOutput:
+    def sample(self, output: LogitsProcessorOutput, batch: ForwardBatch) -> SamplerOutput:
         """The sampling step: grammar bitmask, penalties, temperature / top-k / top-p / min-p,
-        seeds, logprobs (``batch.sampling_info`` says which). ``rows``: the logits rows that
-        sample (rows still mid-prefill do not), in the order of ``sampling_info``; default all."""
+        seeds, logprobs (``batch.sampling_info`` says which), one token per virtual row of
+        ``batch.row_layout`` (rows still mid-prefill sample nothing). A batch with drafts is
+        verified instead (``speculative.worker``), from the same rows: ``sampling_logits``."""
         assert batch.sampling_info is not None, "sampling needs the batch's SamplingBatchInfo"
+        return self.sampler.sample(self.sampling_logits(output, batch), batch.sampling_info)
+
+    @staticmethod
+    def sampling_logits(output: LogitsProcessorOutput, batch: ForwardBatch) -> torch.Tensor:
+        """The logits of the batch's virtual sampling rows, in ``sampling_info`` order."""
         logits = output.next_token_logits
-        if rows is not None and len(rows) != logits.shape[0]:
-            logits = logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=logits.device))
-        return self.sampler.sample(logits, batch.sampling_info)
+        return logits if batch.row_layout is None else batch.row_layout.sampling_logits(logits)
 
 
 def _default_model_path() -> Path:

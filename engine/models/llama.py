@@ -23,7 +23,7 @@ from .config import ModelConfig
 
 if TYPE_CHECKING:
     from ..layers.attention import TorchAttention
-    from ..model_executor.forward_batch import ForwardBatch
+    from ..forward.forward_batch import ForwardBatch
 
 
 def _weight(*shape: int) -> nn.Parameter:

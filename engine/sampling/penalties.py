@@ -1,4 +1,4 @@
-"""Frequency, presence and repetition penalties over a batch, with their running token counts.
+"""Frequency, presence and repetition penalties over a batch, with the token counts they need (built per batch from the tokens so far).
 
 Semantics:
 * frequency / presence (OpenAI): ``logit -= frequency_penalty * count + presence_penalty * (count > 0)``
@@ -71,29 +71,3 @@ class PenaltyState:
         counts = self.output_counts[rows, cols].to(vals.dtype)
         vals = vals - counts * self.frequency[rows, 0] - (counts > 0).to(vals.dtype) * self.presence[rows, 0]
         logits[rows, cols] = vals.to(logits.dtype)
-
-    def update(self, output_ids: torch.Tensor, rows: torch.Tensor | None = None) -> None:
-        """Count one new token per row (``output_ids`` [B]); ids < 0 (no token) are ignored."""
-        ids = output_ids.to(self.output_counts.device, torch.int64)
-        row_ids = torch.arange(ids.numel(), device=ids.device) if rows is None else rows
-        valid = (ids >= 0) & (ids < self.output_counts.shape[1])
-        ids, row_ids = ids[valid], row_ids[valid]
-        self.output_counts.index_put_((row_ids, ids), torch.ones_like(ids, dtype=torch.int32), accumulate=True)
-        self.seen[row_ids, ids] = True
-
-    def filter(self, keep: torch.Tensor) -> PenaltyState:
-        """The rows ``keep`` (int64 indices), in that order."""
-        return PenaltyState(*(t.index_select(0, keep) for t in self._tensors()))
-
-    def merge(self, other: PenaltyState) -> PenaltyState:
-        """Rows of ``self`` then rows of ``other``."""
-        return PenaltyState(*(torch.cat([a, b]) for a, b in zip(self._tensors(), other._tensors())))
-
-    def _tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.frequency, self.presence, self.repetition, self.output_counts, self.seen)
-
-    @classmethod
-    def neutral(cls, batch: int, vocab_size: int, device: torch.device) -> PenaltyState:
-        """Rows that penalize nothing (to merge with a batch that has penalties)."""
-        ones = [1.0] * batch
-        return cls.build([0.0] * batch, [0.0] * batch, ones, vocab_size, device)

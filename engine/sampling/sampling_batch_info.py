@@ -7,13 +7,16 @@ a zero-copy numpy view. Rows without a grammar are never masked (``grammar_rows`
 
 Seeds: a request with ``sampling_seed`` samples with its own ``torch.Generator``. The generator
 carries state from step to step, so it belongs to the request: pass it back in through
-``generators=`` when rebuilding a batch (``filter``/``merge`` keep the same objects).
+``generators=`` when the next step's batch is built.
+
+A batch lives for one step: the scheduler builds the next one from the requests' tokens so far
+(``ScheduleBatch.to_forward_batch``), so penalty counts and ``min_new_tokens`` need no update.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -55,7 +58,7 @@ class SamplingBatchInfo:
     top_logprobs_nums: list[int]
     raw_logprobs: list[bool]  # logprobs_mode == "raw"
     grammar_rows: list[bool]
-    # min_new_tokens: stop/EOS ids suppressed while a row still owes tokens (see update_penalties).
+    # min_new_tokens: stop/EOS ids suppressed while a row still owes tokens.
     min_tokens_left: list[int] = field(default_factory=list)
     min_tokens_stop_ids: list[list[int]] = field(default_factory=list)
     vocab_mask: torch.Tensor | None = None  # int32 [B, W] on the CPU; filled by grammar matchers
@@ -148,79 +151,6 @@ class SamplingBatchInfo:
 
     def grammar_row_indices(self) -> list[int]:
         return [i for i, g in enumerate(self.grammar_rows) if g]
-
-    # --- batch changes ----------------------------------------------------------------------
-
-    def update_penalties(self, output_ids: torch.Tensor) -> None:
-        """Record this step's sampled tokens (one per row; ids < 0 are skipped): penalty counts
-        and the rows' remaining ``min_new_tokens``."""
-        if self.penalties is not None:
-            self.penalties.update(output_ids)
-        ids = output_ids.tolist()
-        self.min_tokens_left = [left - 1 if left > 0 and t >= 0 else left for left, t in zip(self.min_tokens_left, ids)]
-
-    def filter(self, keep_indices: Sequence[int] | torch.Tensor) -> SamplingBatchInfo:
-        """A new batch with the rows ``keep_indices``, in that order."""
-        keep_list = [int(i) for i in (keep_indices.tolist() if isinstance(keep_indices, torch.Tensor) else keep_indices)]
-        keep = torch.tensor(keep_list, dtype=torch.int64, device=self.device)
-        pick = lambda xs: [xs[i] for i in keep_list]  # noqa: E731
-        grammar_rows = pick(self.grammar_rows)
-        mask = None
-        if any(grammar_rows) and self.vocab_mask is not None:
-            mask = _allocate_mask(len(keep_list), self.vocab_size, self.device)
-            mask.copy_(self.vocab_mask.index_select(0, keep.cpu()))
-        return replace(
-            self,
-            temperatures=self.temperatures.index_select(0, keep),
-            top_ps=self.top_ps.index_select(0, keep),
-            top_ks=self.top_ks.index_select(0, keep),
-            min_ps=self.min_ps.index_select(0, keep),
-            greedy=self.greedy.index_select(0, keep),
-            generators=pick(self.generators),
-            return_logprob=pick(self.return_logprob),
-            top_logprobs_nums=pick(self.top_logprobs_nums),
-            raw_logprobs=pick(self.raw_logprobs),
-            grammar_rows=grammar_rows,
-            min_tokens_left=pick(self.min_tokens_left),
-            min_tokens_stop_ids=pick(self.min_tokens_stop_ids),
-            vocab_mask=mask,
-            penalties=None if self.penalties is None else self.penalties.filter(keep),
-        )
-
-    def merge(self, other: SamplingBatchInfo) -> SamplingBatchInfo:
-        """A new batch: the rows of ``self`` followed by the rows of ``other``."""
-        if other.vocab_size != self.vocab_size:
-            raise ValueError(f"cannot merge batches with vocab sizes {self.vocab_size} and {other.vocab_size}")
-        cat = lambda a, b: torch.cat([a, b.to(self.device)])  # noqa: E731
-        grammar_rows = self.grammar_rows + other.grammar_rows
-        mask = None
-        if any(grammar_rows):
-            mask = _allocate_mask(len(grammar_rows), self.vocab_size, self.device)
-            for start, part in ((0, self.vocab_mask), (self.batch_size, other.vocab_mask)):
-                if part is not None:
-                    mask[start : start + part.shape[0]].copy_(part)
-        penalties = None
-        if self.penalties is not None or other.penalties is not None:
-            mine = self.penalties or PenaltyState.neutral(self.batch_size, self.vocab_size, self.device)
-            theirs = other.penalties or PenaltyState.neutral(other.batch_size, self.vocab_size, self.device)
-            penalties = mine.merge(theirs)
-        return replace(
-            self,
-            temperatures=cat(self.temperatures, other.temperatures),
-            top_ps=cat(self.top_ps, other.top_ps),
-            top_ks=cat(self.top_ks, other.top_ks),
-            min_ps=cat(self.min_ps, other.min_ps),
-            greedy=cat(self.greedy, other.greedy),
-            generators=self.generators + other.generators,
-            return_logprob=self.return_logprob + other.return_logprob,
-            top_logprobs_nums=self.top_logprobs_nums + other.top_logprobs_nums,
-            raw_logprobs=self.raw_logprobs + other.raw_logprobs,
-            grammar_rows=grammar_rows,
-            min_tokens_left=self.min_tokens_left + other.min_tokens_left,
-            min_tokens_stop_ids=self.min_tokens_stop_ids + other.min_tokens_stop_ids,
-            vocab_mask=mask,
-            penalties=penalties,
-        )
 
 
 def _allocate_mask(batch: int, vocab_size: int, device: torch.device) -> torch.Tensor:

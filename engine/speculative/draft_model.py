@@ -22,12 +22,12 @@ import torch
 from grammar import GrammarError, GrammarMatcher
 
 from ..managers.req import Req
-from ..model_executor.forward_batch import ForwardBatch, ForwardInput
+from ..forward.forward_batch import ForwardBatch, ForwardInput
 from ..model_executor.model_runner import ModelRunner
 from ..sampling.sampling_batch_info import SamplingBatchInfo
 from ..constrained.jump_forward import forces_text, jump_forward_tokens, jumps_forward
 from .drafters import Draft, Drafter, draft_cap
-from .verify import _draw
+from .verify import draw_token
 
 
 @dataclass
@@ -77,7 +77,7 @@ class DraftModelDrafter(Drafter):
             still = []
             for row, i in enumerate(live):
                 req = reqs[i]
-                token = _draw(dist[row], float(torch.rand(1, generator=req.generator)) if req.generator is not None else float(torch.rand(1)))
+                token = draw_token(dist[row], float(torch.rand(1, generator=req.generator)) if req.generator is not None else float(torch.rand(1)))
                 matcher = matchers.get(i)
                 if matcher is not None and not _advance(matcher, token):
                     cache = self._caches[req.rid]

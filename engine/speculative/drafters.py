@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,6 +33,7 @@ from grammar import GrammarError, GrammarMatcher, unpack_bitmask
 
 from ..constrained.jump_forward import forces_text, jump_forward_tokens, jumps_forward
 from ..managers.req import Req
+from ..managers.schedule_batch import Draft  # a batch datum (the scheduler carries it); imported from here too
 
 # At most this many allowed tokens for the grammar drafter to guess among.
 MAX_GRAMMAR_CHOICES = 8
@@ -48,13 +48,6 @@ def draft_cap(req: Req, budget: int) -> int:
     return max(0, min(room, budget + MAX_FORCED_EXTRA))
 
 __all__ = ["ChainDrafter", "Draft", "Drafter", "DraftState", "GrammarDrafter", "NgramDrafter", "forces_text"]
-
-
-@dataclass
-class Draft:
-    tokens: list[int]
-    probs: torch.Tensor | None = None  # [len(tokens), V]: the drafter's distribution; None = point masses
-    forced: list[bool] | None = None  # per token: appended by jump-forward there (accepted unverified)
 
 
 class Drafter:

@@ -52,11 +52,11 @@ def verify_drafts(
             residual = (residual - draft_probs[j].to(residual.dtype)).clamp_(min=0.0)
         if float(residual.sum()) <= 0.0:  # p == q up to rounding: any draw from p is exact
             residual = target[j]
-        return Verified(j, _draw(residual, u[k]))
-    return Verified(k, _draw(target[k], u[k]))
+        return Verified(j, draw_token(residual, u[k]))
+    return Verified(k, draw_token(target[k], u[k]))
 
 
-def _draw(weights: torch.Tensor, u: float) -> int:
+def draw_token(weights: torch.Tensor, u: float) -> int:
     """Inverse-CDF draw from non-negative ``weights`` [V] with uniform ``u``."""
     cdf = weights.double().cumsum(0)
     idx = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True)[0])

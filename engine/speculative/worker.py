@@ -20,7 +20,7 @@ import torch
 from ..managers.req import Req
 from ..managers.schedule_batch import RowResult, ScheduleBatch
 from ..sampling.sampler import NO_TOKEN, Sampler
-from ..sampling.sampling_batch_info import SamplingBatchInfo
+from ..forward.forward_batch import ForwardBatch
 from .drafters import Draft, Drafter
 from .verify import verify_drafts
 
@@ -56,16 +56,17 @@ class SpeculativeWorker:
             budgets.append(max(0, min(k, room)) if ok else 0)
         return self.drafter.propose(reqs, budgets)
 
-    def verify(self, batch: ScheduleBatch, logits: torch.Tensor, info: SamplingBatchInfo, advanced: dict[int, int]) -> list[RowResult]:
-        """``logits``: the verified positions of the sampling rows, in virtual-row order."""
+    def verify(self, batch: ScheduleBatch, logits: torch.Tensor, forward: ForwardBatch, advanced: dict[int, int]) -> list[RowResult]:
+        """``logits``: the verified positions of the sampling rows, in virtual-row order
+        (``ModelRunner.sampling_logits``); ``forward`` carries their layout and sampling info."""
+        info, layout = forward.sampling_info, forward.row_layout
+        assert info is not None and layout is not None
         dist = self.sampler.distribution(logits, info)
         chosen = torch.zeros(info.batch_size, dtype=torch.int64)
         verdicts = []
-        start = 0
-        for i, row in enumerate(batch.sampling_rows):
-            req, draft = batch.reqs[row], batch.drafts[row]
-            k = len(draft.tokens)
-            usable = min(k, advanced.get(i, k))
+        for span in layout.spans:
+            req, draft, start, k = batch.reqs[span.row], batch.drafts[span.row], span.start, span.drafts
+            usable = min(k, advanced.get(span.index, k))
             if draft.forced:  # jump-forward's tokens: certain, whatever the target's distribution
                 for j in range(usable):
                     if draft.forced[j]:
@@ -76,7 +77,6 @@ class SpeculativeWorker:
             emitted = draft.tokens[: v.accepted] + [v.token]
             chosen[start : start + len(emitted)] = torch.tensor(emitted)
             verdicts.append((start, k, v.accepted, emitted))
-            start += k + 1
         out = self.sampler.logprobs_of(dist, chosen, info)
         lps = out.logprobs.tolist() if out.logprobs is not None else None
         top_ids = out.top_logprobs_ids.tolist() if out.top_logprobs_ids is not None else None
@@ -112,6 +112,15 @@ class SpeculativeWorker:
 
     def release(self, req: Req) -> None:
         self.drafter.release(req)
+
+
+def build_worker(config: SpeculativeConfig, runner, tokenizer, texts, vocab) -> SpeculativeWorker | None:  # type: ignore[no-untyped-def]
+    """The worker ``config`` asks for, drafting for ``runner``'s model over ``vocab``; None when
+    speculation is off."""
+    if not config.enabled:
+        return None
+    drafter = build_drafter(config, runner, tokenizer, texts, vocab.vocab_size, frozenset(vocab.eos_token_ids))
+    return SpeculativeWorker(drafter, runner.sampler, config)
 
 
 def build_drafter(config: SpeculativeConfig, target_runner, tokenizer, texts, vocab_size: int, eos_ids: frozenset[int]) -> Drafter:  # type: ignore[no-untyped-def]
