@@ -72,7 +72,7 @@ def test_maskbench_sample_ratchet(monkeypatch):
     # The wall-clock budgets (10 s) are for servers; on a loaded CI box a schema that lowers in
     # 7 s quietly can cross them. The ratchet judges correctness, so it gives the lowering and the
     # automaton the per-schema alarm's room instead.
-    monkeypatch.setattr("grammar.json_schema.denote.MAX_SECONDS", PER_SCHEMA_S - 5.0)
+    monkeypatch.setattr("grammar.json_schema.schema_denoter.MAX_SECONDS", PER_SCHEMA_S - 5.0)
     vocab = TokenVocabulary.byte_level()
     rows = _sample()
     assert len(rows) >= 150

@@ -3,9 +3,9 @@
 Public entry point: :func:`json_schema_to_grammar`. The data flow, one module per step:
 
     refs       load, metaschema check (ECMA regexes), $ref / $dynamicRef normalization
-    denote     schema objects -> denotations (every keyword, combinators included)
+    schema_denoter      schema objects -> denotations (every keyword, combinators included)
       keywords   the local keywords of one schema object (type, enum/const, each type's own)
-    denot      the denotation algebra: intersection, union, complement, oneOf, a and not b
+    denotation_algebra  the denotation algebra: intersection, union, complement, oneOf, a and not b
       exprs      lazy subschema expressions (Ptr / Const / And / Or / Not) inside conjunctions
       numsets    number sets (intervals, multiples, non-multiples, excluded points)
       strsets    string sets (symbolic, folded into char_dfa automata when needed)
@@ -22,8 +22,8 @@ Decisions worth knowing (MaskBench dev samples, byte-level walk of
 ``json.dumps(data, ensure_ascii=False)``; the ratchet is tests/data/maskbench_json_schema.json):
 - Exact or refused. ``allOf`` intersects, ``anyOf`` unites, ``not`` complements, ``oneOf`` is
   "this branch and none of the others", ``if``/``then``/``else`` is (if and then) or (not if and
-  else): all exact (``denot``). ``unevaluatedProperties`` / ``unevaluatedItems`` are static
-  (``denote``); ``$dynamicRef`` resolves per dynamic scope. ``uniqueItems`` is exact: an
+  else): all exact (``denotation_algebra``). ``unevaluatedProperties`` / ``unevaluatedItems`` are static
+  (``schema_denoter``); ``$dynamicRef`` resolves per dynamic scope. ``uniqueItems`` is exact: an
   automaton of used values for small item domains, otherwise a check in the matcher
   (``unique_check``). What cannot be complemented exactly (a negated ``uniqueItems`` or
   ``format``, a union cut to a subset under budget) is refused where a complement is needed.
@@ -41,7 +41,7 @@ Decisions worth knowing (MaskBench dev samples, byte-level walk of
   name is an annotation (validators ignore it too). ``pattern`` follows ECMA-262; where Python's
   ``re`` (jsonschema) reads it differently, its complement is taken only over the characters on
   which both agree.
-- Unions past ``denot.MAX_BRANCHES`` keep their simplest members (a marked subset, never
+- Unions past ``denotation_algebra.MAX_BRANCHES`` keep their simplest members (a marked subset, never
   complemented); lowering has a time budget; reference bombs meet MAX_WORK / MAX_NESTING.
 - ``nullable`` (OpenAPI) is not JSON Schema: ignored, like jsonschema does. ``$ref`` siblings
   always apply (as in 2020-12, stricter than draft-07's "siblings ignored").

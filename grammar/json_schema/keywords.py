@@ -5,7 +5,7 @@ become a ``NumConj``, strings a ``StrSet`` (patterns in ECMA-262 syntax, formats
 arrays an ``ArrConj`` (``prefixItems``/``items``, or draft-07 ``items`` arrays with
 ``additionalItems``; counts; ``contains`` with its bounds; ``uniqueItems``), objects a union of
 ``ObjConj`` (``dependentRequired`` distributes: absent, or present with its companions).
-Subschemas stay lazy expressions (``den.sub``). In-place applicators are ``denote``'s.
+Subschemas stay lazy expressions (``den.sub``). In-place applicators are ``schema_denoter``'s.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .. import ir
 from ..errors import GrammarBudgetError, SchemaError, UnsupportedFeatureError
 from ..regex import regex_to_ir
 from .conjs import ArrConj, KeyLang, ObjConj, Pattern, arr_normalize, obj_and, obj_normalize, pattern_lang
-from .denot import BOOLS, Denot, conj, value_denot, values_denot
+from .denotation_algebra import BOOLS, Denot, conj, value_denot, values_denot
 from .exprs import FALSE, TRUE, Expr
 from .formats import format_expr
 from .numsets import NumConj, NumSet
@@ -26,7 +26,7 @@ from .refs import pointer_escape
 from .strsets import StrSet
 
 if TYPE_CHECKING:
-    from .denote import Denoter
+    from .schema_denoter import Denoter
 
 TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 

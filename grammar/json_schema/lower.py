@@ -1,4 +1,4 @@
-"""The lowering: schema expressions -> denotations (``denote``) -> grammar IR.
+"""The lowering: schema expressions -> denotations (``schema_denoter``) -> grammar IR.
 
 ``Lowerer.value(expr)`` denotes an expression and writes one IR alternative per part of the
 denotation: ``null``, the booleans, the numbers (``numsets``), the strings (``strsets``, then
@@ -18,8 +18,8 @@ from .. import ir
 from ..errors import GrammarBudgetError, UnsupportedFeatureError
 from . import numbers
 from .arrays import array_expr
-from .denot import TOP, Denot
-from .denote import Denoter
+from .denotation_algebra import TOP, Denot
+from .schema_denoter import Denoter
 from .exprs import TRUE, Expr, Ptr, pointer_of
 from .layout import MAX_INDENT_DEPTH, Layout
 from .numsets import NumSet, num_ir
@@ -62,7 +62,7 @@ class Lowerer:
         self._fresh = 0
         self._nesting = 0
         self.has_unique = False
-        self.approximated = False  # some denotation was cut to a subset (see denot.KEEP_WHEN_CUT)
+        self.approximated = False  # some denotation was cut to a subset (see denotation_algebra.KEEP_WHEN_CUT)
         self._strings: dict[StrSet, ir.Expr] = {}
         self._ref_targets: set[str] | None = None
         self._lowered: dict[tuple[Denot, int], ir.Expr] = {}

@@ -11,11 +11,11 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from .conjs import ArrConj, ObjConj
-from .denot import Denot
+from .denotation_algebra import Denot
 from .exprs import Expr, canonical
 
 if TYPE_CHECKING:
-    from .denote import Denoter
+    from .schema_denoter import Denoter
 
 
 def member(v: Any, d: Denot, den: "Denoter") -> bool:

@@ -26,7 +26,7 @@ from .. import char_dfa
 from ..budget import active_deadline, check_deadline, check_depth
 from ..errors import GrammarBudgetError, SchemaError
 from .conjs import ArrConj, KeyLang, ObjConj
-from .denot import BOTTOM, CLOCK, TOP, Denot, but, conj, conj_not, disj, exactly_one, neg, only, unannotated, value_denot
+from .denotation_algebra import BOTTOM, CLOCK, TOP, Denot, but, conj, conj_not, disj, exactly_one, neg, only, unannotated, value_denot
 from .exprs import FALSE, TRUE, And, Bool, Const, Expr, Not, Or, Ptr, holds, or_
 from .keywords import local
 from .refs import Dynamic, pointer_escape, resolve_pointer

@@ -27,7 +27,7 @@ from .unique_check import UniqueItemsCheck
 
 if TYPE_CHECKING:
     from .conjs import KeyLang
-    from .denote import Denoter
+    from .schema_denoter import Denoter
 
 MAX_NODES = 20_000
 
