@@ -38,6 +38,14 @@ UNEXPANDED = det.UNEXPANDED
 EMPTY_STACK = det.EMPTY_STACK
 HOLE_STACK = det.HOLE_STACK
 
+# The determinizer's entry points for compiled walks (``token_walk``, ``regions``): a kernel
+# computes the cells it reaches on the ``core`` a LazyAutomaton hands it, while the caller holds
+# that automaton's lock. Nothing else outside this module calls the determinizer.
+expand_cell = det.expand_cell
+expand_row = det.expand_row
+row_shape = det.row_shape
+static_core = det.static_core  # a complete table (a region's) in the same layout, never expanded
+
 
 @dataclass(frozen=True)
 class AutomatonBudget:

@@ -1,4 +1,5 @@
-"""IR -> token-level automaton: :class:`CompiledGrammar`, and the cached ``compile_*`` entry points.
+"""IR -> token-level automaton: :class:`CompiledGrammar` (the cached ``compile_*`` entry points
+that build one from a constraint are in ``api.py``).
 
 A ``CompiledGrammar`` is immutable from the caller's point of view and shared by every request
 using the same constraint: the lazy byte automaton, the vocabulary trie and the per-state mask

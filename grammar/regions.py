@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from . import determinizer as det
+from .automaton import expand_row, row_shape
 from .token_trie import TokenTrie
 from .token_walk import ALLOWED, AT_EXIT, PLAIN, STOP_AT_EXITS, StaticTable, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie
 
@@ -86,7 +86,7 @@ def _find_region_kernel(c, state, min_loop, max_region):  # pragma: no cover
     its continuations lead to, if any."""
     none = np.zeros(0, np.int32)
     no_table = np.zeros((0, 256), np.int32)
-    status, loops, lo, hi = det.row_shape(c, state)
+    status, loops, lo, hi = row_shape(c, state)
     if status < 0:
         return status, none, no_table, 0
     home = state
@@ -96,7 +96,7 @@ def _find_region_kernel(c, state, min_loop, max_region):  # pragma: no cover
         home = -1
         s = state
         for _ in range(3):  # the state after the continuation bytes of a multi-byte character
-            status = det.expand_row(c, s)
+            status = expand_row(c, s)
             if status < 0:
                 return status, none, no_table, 0
             first = -1
@@ -112,7 +112,7 @@ def _find_region_kernel(c, state, min_loop, max_region):  # pragma: no cover
             s = c.table[s, first]
         if home < 0:
             return 0, none, no_table, 0
-        status, loops, lo, hi = det.row_shape(c, home)
+        status, loops, lo, hi = row_shape(c, home)
         if status < 0:
             return status, none, no_table, 0
         if loops < min_loop:
@@ -126,7 +126,7 @@ def _find_region_kernel(c, state, min_loop, max_region):  # pragma: no cover
     found = np.empty(256, np.int32)
     i = 0
     while i < n:
-        status = det.expand_row(c, states[i])
+        status = expand_row(c, states[i])
         if status < 0:
             return status, none, no_table, 0
         top = 0x100 if i == 0 else 0xC0

@@ -34,10 +34,12 @@ from typing import Any, Protocol
 import numpy as np
 from numba import njit
 
-from . import determinizer as det
+from . import determinizer as det  # only to stamp the kernel cache (see _drop_stale_kernels)
+from .automaton import DEAD as DEAD_STATE
+from .automaton import UNEXPANDED, expand_cell, static_core
 from .token_trie import DEPTH_SHIFT, FIELD_24, MAX_TRIE_DEPTH, SKIP_SHIFT, TOKEN_SHIFT, TokenTrie
 
-UNEXPANDED = det.UNEXPANDED  # a transition-table cell whose row has not been computed yet
+# UNEXPANDED: a transition-table cell whose row has not been computed yet.
 
 # Kernel status codes (io[0]); negative codes are the determinizer's budget errors.
 _DONE, _GROW = 0, 2
@@ -62,11 +64,11 @@ class StaticTable:
     """A complete transition table (a region's canonical table), walkable like an automaton."""
 
     def __init__(self, table: np.ndarray, exits: np.ndarray) -> None:
-        self.core = det.static_core(np.ascontiguousarray(table, dtype=np.int32), np.ascontiguousarray(exits, dtype=np.bool_))
+        self.core = static_core(np.ascontiguousarray(table, dtype=np.int32), np.ascontiguousarray(exits, dtype=np.bool_))
         self.lock = contextlib.nullcontext()
 
     def check_status(self, status: int) -> int:
-        assert status >= det.DEAD, "a static table is never expanded"
+        assert status >= DEAD_STATE, "a static table is never expanded"
         return status
 
 
@@ -111,7 +113,7 @@ def _walk_kernel(core, words, first_pos, begin, end, mode, state_at, tainted, bi
         b = np.int64(w & np.uint64(0xFF))
         ns = table[p, b]
         if ns == UNEXPANDED:
-            status = det.expand_cell(core, p, b)
+            status = expand_cell(core, p, b)
             if status < 0:
                 io[0], io[1], io[2] = status, i, nr
                 return
@@ -169,7 +171,7 @@ def _check_kernel(core, flat, offsets, lengths, positions, starts, skips, mode, 
             b = flat[base + j]
             ns = table[s, b]
             if ns == UNEXPANDED:
-                status = det.expand_cell(core, s, b)
+                status = expand_cell(core, s, b)
                 if status < 0:
                     return status
                 table = core.table

@@ -6,7 +6,8 @@ entry point (the Engine's scheduler, the server, the CLI and the ``transformers`
   (SGLang's ``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}``).
 * ``submit`` compiles on a small worker pool and returns a future; concurrent requests for the
   same constraint share one compile, and the outcome (grammar or error) is kept in an LRU, so a
-  refused constraint is refused again at once (CONVENTIONS.md 10). ``compile`` blocks.
+  refused constraint is refused again at once (a bad grammar aborts its request, never a step).
+  ``compile`` blocks.
 * Errors are ``InvalidGrammar`` (a ``GrammarError``) with the compiler's message, which names the
   keyword, rule or position at fault.
 """

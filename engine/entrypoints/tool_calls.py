@@ -7,7 +7,7 @@ The call syntax is Hermes' (Qwen2.5, SmolLM2-1.7B, Hermes models)::
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-How each ``tool_choice`` is enforced (``constraint_for``; always through ``SamplingParams``):
+How each ``tool_choice`` is enforced (``tool_mode`` names it; always through ``SamplingParams``):
 
 * ``auto`` (the default when tools are given): a structural tag. Text is free until the trigger
   ``<tool_call>``; from there the grammar forces one tool's ``begin`` (which contains its name),

@@ -1,6 +1,6 @@
 """``Sampler``: logits [B, V] + ``SamplingBatchInfo`` -> next token ids and logprobs.
 
-One pipeline, in a fixed order (CONVENTIONS.md 7):
+One pipeline, in a fixed order (mask first: every later step sees only allowed tokens):
   raw logprobs (if asked) -> grammar bitmask -> min_new_tokens (stop ids masked)
   -> rows with no allowed token are set aside
   -> penalties -> greedy argmax | temperature -> softmax -> top-k -> top-p -> min-p -> draw.
