@@ -90,7 +90,7 @@ class Formcast(Engine):
         import grammar
         from grammar.api import clear_cache
 
-        clear_cache()
+        clear_cache(keep_setup=True)  # the vocabulary's trie stays warm (see above)
         if kind == "regex":
             return grammar.compile_regex(source, self.vocab)
         if kind == "json_schema":

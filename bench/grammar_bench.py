@@ -75,7 +75,7 @@ def run_formcast(kind: str, text: str, vocab, tokens):
     from grammar import GrammarMatcher, allocate_token_bitmask
     from grammar.api import clear_cache, compile_ebnf, compile_json_schema
 
-    clear_cache()
+    clear_cache(keep_setup=True)
     bitmask = allocate_token_bitmask(1, vocab.vocab_size)
     state = {}
 

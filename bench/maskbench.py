@@ -70,7 +70,7 @@ class FormcastEngine:
     def compile(self, schema: Any) -> Callable[[], Any]:
         from grammar.api import clear_cache
 
-        clear_cache()
+        clear_cache(keep_setup=True)
         try:
             compiled = self.grammar.compile_json_schema(schema, self.vocab)
         except self.grammar.GrammarError as exc:

@@ -99,7 +99,7 @@ def main() -> None:
             gc_time[0] += time.perf_counter() - gc_time[1]
 
     def first_mask(schema) -> None:
-        clear_cache()
+        clear_cache(keep_setup=True)
         compiled = grammar.compile_json_schema(schema, vocab)
         grammar.GrammarMatcher(compiled).fill_next_token_bitmask(mask, 0)
 

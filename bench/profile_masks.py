@@ -140,7 +140,7 @@ def main() -> None:
     print("wrapped: " + ", ".join(install()), file=sys.stderr)
     masks: list[tuple[float, dict, str, int, int]] = []
     for record in load_records(args.input, 0, None, args.sample, args.seed):
-        clear_cache()
+        clear_cache(keep_setup=True)
         try:
             compiled = grammar.compile_json_schema(record["schema"], vocab)
         except grammar.GrammarError:

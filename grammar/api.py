@@ -13,20 +13,23 @@ from typing import Any, Callable, Iterable
 
 from . import ir
 from .budget import CompileBudget, check_document_depth, compile_deadline
+from .caches import CACHES
 from .compiler import CompiledGrammar, compile_grammar  # noqa: F401 (re-exported)
 from .errors import GrammarBudgetError, GrammarError, SchemaError
 from .token_masks import vocabulary_masks
 from .vocab import TokenVocabulary
 
-_CACHE: OrderedDict[tuple, CompiledGrammar] = OrderedDict()
+_CACHE: OrderedDict[tuple, CompiledGrammar] = CACHES.table("compiled_grammars", factory=OrderedDict)
 _CACHE_LOCK = threading.Lock()
 CACHE_SIZE = 32
 
 
-def clear_cache() -> None:
-    """Forget every compiled grammar (per-vocabulary tries and tables stay)."""
+def clear_cache(*, keep_setup: bool = False) -> None:
+    """Empty every process-wide cache (``grammar/caches.py``): the compiled grammars and, unless
+    ``keep_setup``, what every constraint shares (token tries and region splits per vocabulary,
+    schema-check validators, the ``transformers`` processor's backends, kernel workspaces)."""
     with _CACHE_LOCK:
-        _CACHE.clear()
+        CACHES.clear(keep_setup=keep_setup)
 
 
 def _compile(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .caches import CACHES
 from .lru import ByteLRU
 from .regions import Region, RegionSplit, find_region, region_mask, split_region
 from .token_trie import TokenTrie
@@ -72,7 +73,7 @@ class VocabularyMasks:
         return self.splits.get_or_compute(region.shape_key, lambda: split_region(self.trie, region))
 
 
-_VOCABULARIES: dict[str, VocabularyMasks] = {}
+_VOCABULARIES: dict[str, VocabularyMasks] = CACHES.table("vocabulary_masks", setup=True)
 _VOCABULARIES_LOCK = threading.Lock()
 
 

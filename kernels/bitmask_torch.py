@@ -56,6 +56,12 @@ def _cap_table(dtype: torch.dtype) -> torch.Tensor:
     return table
 
 
+def clear_workspaces() -> None:
+    """Drop the reused buffers and cap tables (they are rebuilt on the next call)."""
+    _WORKSPACES.clear()
+    _CAP_TABLES.clear()
+
+
 def _workspace(dtype: torch.dtype, numel: int) -> torch.Tensor:
     """A reused flat buffer of at least ``numel`` elements (grows, never shrinks)."""
     buf = _WORKSPACES.get(dtype)

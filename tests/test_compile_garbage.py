@@ -42,7 +42,7 @@ def _compile_all(vocab: TokenVocabulary) -> None:
     ):
         matcher = grammar.GrammarMatcher(compiled)
         matcher.fill_next_token_bitmask(mask, 0)
-    clear_cache()
+    clear_cache(keep_setup=True)
 
 
 def test_compiles_free_everything_by_reference_counting():

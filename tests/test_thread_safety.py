@@ -66,12 +66,12 @@ def _replay(compiled, vocab, walk) -> list[np.ndarray]:
 
 def test_eight_threads_compile_and_mask_like_one(smollm2_vocab):
     vocab = smollm2_vocab
-    clear_cache()
+    clear_cache(keep_setup=True)
     reference = {}
     for i, (kind, source) in enumerate(CONSTRAINTS):
         compiled = _compile(kind, source, vocab)
         reference[i] = [_walk(compiled, vocab, seed) for seed in (1, 2)]
-    clear_cache()  # the threads compile again, concurrently, and share what they compile
+    clear_cache(keep_setup=True)  # the threads compile again, concurrently, and share what they compile
 
     barrier = threading.Barrier(8)
     failures: list[str] = []

@@ -48,7 +48,7 @@ def _reference(vocab) -> ReferenceWalk:
 
 
 def _compile(kind, source, vocab):
-    grammar.clear_cache()
+    grammar.clear_cache(keep_setup=True)
     if kind == "regex":
         return grammar.compile_regex(source, vocab, budget=LAZY)
     if kind == "json_schema":

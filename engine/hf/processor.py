@@ -27,6 +27,7 @@ import torch
 from transformers import LogitsProcessor
 
 from grammar import GrammarError, GrammarMatcher, TokenVocabulary, bitmask_width, pack_bool_mask
+from grammar.caches import CACHES
 from kernels import apply_token_bitmask_inplace
 
 from ..constrained.grammar_backend import GrammarBackend
@@ -200,7 +201,8 @@ def compile_for_params(params: SamplingParams, vocab: TokenVocabulary) -> "Compi
     return compiled
 
 
-_BACKENDS: dict[str, GrammarBackend] = {}
+# One backend per vocabulary, emptied with the grammar caches (``grammar.clear_cache``).
+_BACKENDS: dict[str, GrammarBackend] = CACHES.table("hf_grammar_backends", setup=True)
 
 
 def _backend_for(vocab: TokenVocabulary) -> GrammarBackend:

@@ -23,10 +23,14 @@ from dataclasses import dataclass
 
 import torch
 
+from grammar.caches import CACHES
 from kernels import apply_token_bitmask_inplace
+from kernels.bitmask_torch import clear_workspaces
 
 from .logprobs import gather_logprobs, truncated_log_softmax
 from .sampling_batch_info import SamplingBatchInfo
+
+CACHES.on_clear(clear_workspaces)  # the mask kernels' buffers go with the grammar caches
 
 NO_TOKEN = -1
 

@@ -24,6 +24,7 @@ from jsonschema import exceptions as js_exceptions
 from jsonschema import validators
 
 from ..budget import check_document_depth
+from ..caches import CACHES
 from ..errors import GrammarBudgetError, SchemaError, UnsupportedFeatureError
 
 DEFAULT_BASE = "https://formcast.invalid/schema.json"
@@ -71,7 +72,7 @@ def load_schema(schema: dict | str | bool) -> tuple[Any, type]:
 # whole-document check, which decides.
 _CHILD = _SINGLE + ("contentSchema",)
 _FREE_TEXT = ("title", "description", "$comment")  # any string
-_NODE_VERDICTS: dict[tuple[type, str], bool] = {}
+_NODE_VERDICTS: dict[tuple[type, str], bool] = CACHES.table("schema_node_verdicts", setup=True)
 _NODE_VERDICTS_MAX = 1 << 16
 
 
@@ -177,7 +178,7 @@ def _ecma_regex(text: object) -> bool:
     return True
 
 
-_META_VALIDATORS: dict[type, Any] = {}
+_META_VALIDATORS: dict[type, Any] = CACHES.table("schema_meta_validators", setup=True)
 
 
 def _meta_validator(cls: type) -> Any:

@@ -14,8 +14,10 @@ import threading
 
 import numpy as np
 
+from ..caches import CACHES
+
 _INDEX_LOCK = threading.Lock()
-_CLOSING: dict[int, tuple[list[bytes], dict[str, list[int]]]] = {}
+_CLOSING: dict[int, tuple[list[bytes], dict[str, list[int]]]] = CACHES.table("unique_closing_index", setup=True)
 
 
 def closing_index(token_bytes: list[bytes]) -> dict[str, list[int]]:
@@ -42,7 +44,7 @@ def closing_index(token_bytes: list[bytes]) -> dict[str, list[int]]:
     return index
 
 
-_INDEX: dict[int, tuple[list[bytes], dict[int, np.ndarray]]] = {}
+_INDEX: dict[int, tuple[list[bytes], dict[int, np.ndarray]]] = CACHES.table("unique_byte_index", setup=True)
 
 
 def byte_index(token_bytes: list[bytes]) -> dict[int, np.ndarray]:
@@ -64,7 +66,7 @@ def byte_index(token_bytes: list[bytes]) -> dict[int, np.ndarray]:
     return index
 
 
-_MORE: dict[int, tuple[list[bytes], np.ndarray]] = {}
+_MORE: dict[int, tuple[list[bytes], np.ndarray]] = CACHES.table("unique_closing_more", setup=True)
 
 
 def closing_more(token_bytes: list[bytes]) -> np.ndarray:
