@@ -122,39 +122,37 @@ def build_trie(token_bytes: list[bytes], ids: list[int], vocab_size: int, eos_id
     )
 
 
+@njit(nogil=True, cache=True)
+def _shared_prefix(flat, offsets, lengths, i):  # pragma: no cover - compiled
+    """Bytes sorted token ``i`` shares with token ``i - 1`` (0 for the first)."""
+    if i == 0:
+        return 0
+    a, b = offsets[i - 1], offsets[i]
+    m = min(lengths[i - 1], lengths[i])
+    lcp = 0
+    while lcp < m and flat[a + lcp] == flat[b + lcp]:
+        lcp += 1
+    return lcp
+
+
 @njit("Tuple((uint64[::1], int32[::1]))(uint8[::1], int64[::1], int32[::1], int32[::1], int64)", nogil=True, cache=True)
 def build_trie_nodes(flat, offsets, lengths, ids, n):  # pragma: no cover - compiled
     """Preorder node words and first positions of the first ``n`` (sorted, distinct) tokens."""
     total = 0
-    prev_len = 0
     for i in range(n):
-        lcp = 0
-        if i > 0:
-            a, b = offsets[i - 1], offsets[i]
-            m = min(prev_len, lengths[i])
-            while lcp < m and flat[a + lcp] == flat[b + lcp]:
-                lcp += 1
-        total += lengths[i] - lcp
-        prev_len = lengths[i]
+        total += lengths[i] - _shared_prefix(flat, offsets, lengths, i)
     words = np.zeros(total, dtype=np.uint64)
     first_pos = np.empty(total + 1, dtype=np.int32)
     depth = np.empty(total, dtype=np.int32)
     k = 0
-    prev_len = 0
     for i in range(n):
-        lcp = 0
-        if i > 0:
-            a, b = offsets[i - 1], offsets[i]
-            m = min(prev_len, lengths[i])
-            while lcp < m and flat[a + lcp] == flat[b + lcp]:
-                lcp += 1
+        lcp = _shared_prefix(flat, offsets, lengths, i)
         for d in range(lcp, lengths[i]):
             words[k] = np.uint64(flat[offsets[i] + d]) | (np.uint64(d + 1) << np.uint64(DEPTH_SHIFT))
             depth[k] = d + 1
             first_pos[k] = i
             k += 1
         words[k - 1] |= np.uint64(ids[i] + 1) << np.uint64(TOKEN_SHIFT)
-        prev_len = lengths[i]
     first_pos[total] = n
     # skip[k]: the first later node no deeper than k (the end of k's subtree), via a stack.
     stack = np.empty(total + 1, dtype=np.int64)

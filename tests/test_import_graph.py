@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from grammar.rule_graph import strongly_connected_components
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("engine", "grammar", "kernels")
 
@@ -85,38 +87,9 @@ def _graph(modules: dict[str, Path], root: Path = REPO) -> dict[str, dict[str, l
 
 
 def _cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
-    """The strongly connected components with more than one node (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def strong(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph.get(v, {}):
-            if w not in index:
-                strong(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in list(graph):
-        if v not in index:
-            strong(v)
-    return found
+    """The strongly connected components with more than one node."""
+    refs = {node: frozenset(targets) for node, targets in graph.items()}
+    return [sorted(c) for c in strongly_connected_components(refs) if len(c) > 1]
 
 
 def _describe(graph: dict[str, dict[str, list[str]]], component: list[str]) -> str:
