@@ -404,3 +404,35 @@ class QuantizedWeight:
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.dequantize_rows(ids.cpu().numpy().astype(np.int64)))
+
+
+class StackedWeight:
+    """Matrices of different encodings stacked along N (a fused q/k/v whose v is another type):
+    each part multiplies on its own and the outputs are concatenated."""
+
+    def __init__(self, parts: list) -> None:  # type: ignore[type-arg]
+        self.parts = parts
+        self.shape = torch.Size((sum(p.shape[0] for p in parts), parts[0].shape[1]))
+        self.dtype = torch.float32
+        self.device = torch.device("cpu")
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        outs = [p.matmul(x) if isinstance(p, QuantizedWeight) else _float_linear(x, p) for p in self.parts]
+        return torch.cat(outs, dim=-1)
+
+
+def _float_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    from .cpu_linear import linear
+
+    return linear(x.float(), w).float()
+
+
+def is_quantized(weight: object) -> bool:
+    return isinstance(weight, (QuantizedWeight, StackedWeight))
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+    """Rows ``ids`` of an embedding matrix, dequantized when it is kept in a block format."""
+    if isinstance(weight, QuantizedWeight):
+        return weight.embedding(ids)
+    return F.embedding(ids, weight)

@@ -24,9 +24,8 @@ from ..layers import cpu_decode_attention
 from ..layers.attention import TorchAttention
 from ..layers.logits import LogitsProcessorOutput, compute_logits
 from ..mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
-from ..models.config import ModelConfig
 from ..models.llama import LlamaForCausalLM
-from ..models.loader import load_model, resolve_dtype
+from ..models.loader import is_gguf, load_config, load_model, resolve_dtype
 from ..sampling.sampler import Sampler, SamplerOutput
 from .forward_batch import ForwardBatch
 
@@ -62,10 +61,8 @@ class ModelRunner:
             self.model, self.model_config = model, model.config
             self.dtype = model.embed_tokens.dtype
         else:
-            if not self.model_path.is_dir():
-                raise FileNotFoundError(f"model folder {self.model_path} does not exist")
-            self.model_config = ModelConfig.from_folder(self.model_path)
-            self.dtype = resolve_dtype(dtype, self.device)
+            self.model_config = load_config(self.model_path)
+            self.dtype = resolve_dtype(dtype, self.device, quantized=is_gguf(self.model_path))
             self.model = load_model(self.model_path, self.dtype, self.device)
         self.context_len = self.model_config.context_len
         if context_length is not None:
