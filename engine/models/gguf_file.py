@@ -83,6 +83,10 @@ class GGUFFile:
         p = Path(path)
         if not p.is_file():
             raise ModelLoadError(f"{p} does not exist")
+        with open(p, "rb") as f:
+            magic = f.read(4)
+        if magic != GGUF_MAGIC:
+            raise ModelLoadError(f"{p}: not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
         buf = np.memmap(p, dtype=np.uint8, mode="r")
         parser = _Parser(p, buf)
         try:
@@ -215,6 +219,8 @@ class _Parser:
         return bytes(self._take(self._scalar("<Q"))).decode("utf-8")
 
     def _value(self, kind: int) -> Any:
+        if kind == 6:  # float32: its shortest decimal (1e-05, not 9.999999747378752e-06), as config.json has it
+            return float(str(np.float32(self._scalar("<f"))))
         if kind in _SCALARS:
             return self._scalar(_SCALARS[kind])
         if kind == _STRING:
