@@ -17,8 +17,9 @@ the block sum for the formats with a minimum: Q8_1; 256-element blocks with a fl
 16-element sums for the K-quants: Q8_K), then multiplies integer codes by integer codes per block
 and scales the block's integer sum once: the result is the format's own dot product, which is why
 greedy outputs agree with llama.cpp's, and it reads each weight block once for all the rows.
-Beyond ``MAX_QUANT_ROWS`` rows (long prefills) the weight is dequantized to float32 and handed to
-torch's GEMM, whose blocking wins there.
+Beyond ``MAX_QUANT_ROWS`` rows (long prefills) the weight is dequantized to float32 and multiplied
+by the same quantized activations (as floats) in torch's GEMM, whose blocking wins there; a row
+gets the same numbers whichever path its batch takes, up to float summation order.
 
 Output rows are split across numba's threads (``prange``) and every loop releases the GIL.
 """
@@ -380,22 +381,27 @@ class QuantizedWeight:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] float -> x @ W.T [M, N] float32."""
         m_rows = x.shape[0]
-        if m_rows > MAX_QUANT_ROWS:
-            return F.linear(x.float(), self.dequantize())
         x32 = x.float().contiguous().numpy()
         k_dim = self.shape[1]
-        out = np.empty((m_rows, self.shape[0]), np.float32)
         xq = np.empty((m_rows, k_dim), np.int8)
         a = self.arrays
+        block = QK_K if self.type_name in K_TYPES else QK
+        xd = np.empty((m_rows, k_dim // block), np.float32)
         if self.type_name in K_TYPES:
-            xd = np.empty((m_rows, k_dim // QK_K), np.float32)
             xbs = np.empty((m_rows, k_dim // 16), np.int32)
             quantize_q8_k(x32, xq, xd, xbs)
-            _mm_k(a["q"], a["sc"], a["mn"], a["d"], a["dmin"], a["group"], xq, xd, xbs, out)
         else:
-            xd = np.empty((m_rows, k_dim // QK), np.float32)
             xs = np.empty_like(xd)
             quantize_q8_0(x32, xq, xd, xs)
+        if m_rows > MAX_QUANT_ROWS:
+            # The same quantized activations, multiplied in float by torch's GEMM: a row's result
+            # does not depend on which path its batch took (up to float summation order).
+            x_deq = (xq.reshape(m_rows, -1, block) * xd[..., None]).reshape(m_rows, k_dim)
+            return F.linear(torch.from_numpy(x_deq), self.dequantize())
+        out = np.empty((m_rows, self.shape[0]), np.float32)
+        if self.type_name in K_TYPES:
+            _mm_k(a["q"], a["sc"], a["mn"], a["d"], a["dmin"], a["group"], xq, xd, xbs, out)
+        else:
             if self.type_name == "Q8_0":
                 _mm_q8_0(a["qs"], a["d"], xq, xd, out)
             else:

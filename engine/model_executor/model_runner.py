@@ -116,7 +116,15 @@ class ModelRunner:
         return self.sampler.sample(logits, batch.sampling_info)
 
 
-def _default_model_path() -> Path:
-    from ..hf.model_files import default_model_dir
+# "gguf": the embedded model runs straight from its GGUF file (weights kept Q4_1, tokenizer from the
+# file's metadata) instead of the fp32 folder converted from it. Opt-in until the whole suite has
+# run on that path.
+DEFAULT_MODEL_FORMAT_ENV = "FORMCAST_DEFAULT_MODEL_FORMAT"
 
+
+def _default_model_path() -> Path:
+    from ..hf.model_files import default_model_dir, gguf_path
+
+    if os.environ.get(DEFAULT_MODEL_FORMAT_ENV, "hf") == "gguf":
+        return gguf_path()
     return default_model_dir()
