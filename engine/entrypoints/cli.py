@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--prompt", help="the user message")
     source.add_argument("--batch", metavar="FILE.jsonl", help="one JSON object per line with a 'prompt'")
     gen.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
-    gen.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder (default: embedded SmolLM2-135M-Instruct)")
+    gen.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder or a .gguf file (default: embedded SmolLM2-135M-Instruct)")
     gen.add_argument("--dtype", default="auto", help="auto (default), float32, bfloat16 or float16")
     gen.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 (default) means greedy")
     gen.add_argument("--top-p", type=float, default=1.0, metavar="P")
@@ -95,7 +95,7 @@ def _add_extract_parser(sub: Any) -> None:
     ray.add_argument("--num-workers", type=int, default=1, metavar="N", help="actors, each with its own Engine (default 1)")
     ray.add_argument("--batch-size", type=int, default=64, metavar="N", help="records per actor call (default 64)")
     ray.add_argument("--cpus-per-worker", type=float, default=1.0, metavar="C", help="CPUs each actor reserves (and torch threads; default 1)")
-    ext.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder (default: embedded SmolLM2-135M-Instruct)")
+    ext.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder or a .gguf file (default: embedded SmolLM2-135M-Instruct)")
     _add_engine_options(ext)
 
 
@@ -164,7 +164,7 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _add_serve_parser(sub: Any) -> None:
     serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server")
-    serve.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder (default: embedded SmolLM2-135M-Instruct)")
+    serve.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder or a .gguf file (default: embedded SmolLM2-135M-Instruct)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=30000)
     serve.add_argument("--api-key", default=os.environ.get("FORMCAST_API_KEY"), help="require 'Authorization: Bearer KEY' on /v1 (default: $FORMCAST_API_KEY)")

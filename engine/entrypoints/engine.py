@@ -418,4 +418,10 @@ def _budget(args: EngineArgs) -> Any:
 def _load_tokenizer(path: Any) -> Any:
     from transformers import AutoTokenizer
 
+    from ..models.loader import is_gguf
+
+    if is_gguf(path):
+        from ..hf.gguf_tokenizer import load_gguf_tokenizer
+
+        return load_gguf_tokenizer(path)
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

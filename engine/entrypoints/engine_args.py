@@ -9,8 +9,8 @@ from typing import Any
 
 @dataclass
 class EngineArgs:
-    model_path: str | None = None  # a Hugging Face folder; None = the embedded SmolLM2-135M-Instruct
-    tokenizer_path: str | None = None  # default: the model folder
+    model_path: str | None = None  # a Hugging Face folder or a .gguf file; None = the embedded SmolLM2-135M-Instruct
+    tokenizer_path: str | None = None  # default: the model's own (folder or GGUF file)
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 ("auto": half precision where it is fast)
     device: str = "cpu"
     max_total_tokens: int | None = None  # KV cache slots; default from mem_fraction

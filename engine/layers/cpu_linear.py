@@ -30,6 +30,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .ggml_quants import is_quantized
+
 try:  # numba is a dependency; keep the engine importable (torch path) if its install is broken
     from numba import njit, prange
 except ImportError:  # pragma: no cover
@@ -81,7 +83,13 @@ def uses_compiled_loop(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, through the compiled loop where it is faster (float32
-    accumulation; the result in ``x``'s dtype)."""
+    accumulation; the result in ``x``'s dtype). A weight kept in a ggml block format
+    (``ggml_quants``) multiplies with its own kernels."""
+    if is_quantized(weight):
+        out = weight.matmul(x)  # type: ignore[union-attr]
+        if bias is not None:
+            out += bias
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
     if not uses_compiled_loop(x, weight):
         if weight.dtype == torch.bfloat16 and x.device.type == "cpu" and not torch.is_grad_enabled():
             wide_bias = None if bias is None else bias.float()

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..forward.forward_batch import CaptureHiddenMode, ForwardBatch
 from .cpu_linear import linear
@@ -43,7 +42,7 @@ def _input_logprobs(hidden: torch.Tensor, lm_head: torch.Tensor, batch: ForwardB
         if not wanted or n < 2:
             result.append(torch.empty(0) if wanted else None)
             continue
-        logits = F.linear(hidden[start : start + n - 1], lm_head).float()
+        logits = linear(hidden[start : start + n - 1], lm_head).float()
         nxt = batch.input_ids[start + 1 : start + n]
         result.append(torch.log_softmax(logits, dim=-1).gather(1, nxt.unsqueeze(1)).squeeze(1))
     return result

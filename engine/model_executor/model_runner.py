@@ -24,9 +24,8 @@ from ..layers import cpu_decode_attention
 from ..layers.attention import TorchAttention
 from ..layers.logits import LogitsProcessorOutput, compute_logits
 from ..mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
-from ..models.config import ModelConfig
 from ..models.llama import LlamaForCausalLM
-from ..models.loader import load_model, resolve_dtype
+from ..models.loader import is_gguf, load_config, load_model, resolve_dtype
 from ..sampling.sampler import Sampler, SamplerOutput
 from ..forward.forward_batch import ForwardBatch
 
@@ -62,10 +61,8 @@ class ModelRunner:
             self.model, self.model_config = model, model.config
             self.dtype = model.embed_tokens.dtype
         else:
-            if not self.model_path.is_dir():
-                raise FileNotFoundError(f"model folder {self.model_path} does not exist")
-            self.model_config = ModelConfig.from_folder(self.model_path)
-            self.dtype = resolve_dtype(dtype, self.device)
+            self.model_config = load_config(self.model_path)
+            self.dtype = resolve_dtype(dtype, self.device, quantized=is_gguf(self.model_path))
             self.model = load_model(self.model_path, self.dtype, self.device)
         self.context_len = self.model_config.context_len
         if context_length is not None:
@@ -123,7 +120,15 @@ class ModelRunner:
         return logits if batch.row_layout is None else batch.row_layout.sampling_logits(logits)
 
 
-def _default_model_path() -> Path:
-    from ..hf.model_files import default_model_dir
+# "gguf": the embedded model runs straight from its GGUF file (weights kept Q4_1, tokenizer from the
+# file's metadata) instead of the fp32 folder converted from it. Opt-in until the whole suite has
+# run on that path.
+DEFAULT_MODEL_FORMAT_ENV = "FORMCAST_DEFAULT_MODEL_FORMAT"
 
+
+def _default_model_path() -> Path:
+    from ..hf.model_files import default_model_dir, gguf_path
+
+    if os.environ.get(DEFAULT_MODEL_FORMAT_ENV, "hf") == "gguf":
+        return gguf_path()
     return default_model_dir()

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.cpu_linear import linear
+from ..layers.ggml_quants import embedding
 from ..layers.layernorm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
@@ -105,7 +106,7 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, attn: TorchAttention) -> torch.Tensor:
         """Final-normed hidden states [T, hidden] of the flat tokens of ``batch``."""
         assert self.rotary is not None, "load the model through models.loader"
-        hidden = F.embedding(batch.input_ids, self.embed_tokens)
+        hidden = embedding(batch.input_ids, self.embed_tokens)
         cos, sin = self.rotary.cos_sin(batch.positions)
         for layer in self.layers:
             hidden = layer.forward(hidden, cos, sin, self.rotary, attn, batch)
@@ -122,9 +123,10 @@ class LlamaForCausalLM(nn.Module):
         with torch.device("meta"):
             draft = LlamaForCausalLM(dataclasses.replace(cfg, num_layers=0))
         draft.config = cfg
-        draft.embed_tokens = self.embed_tokens
+        for name in ("embed_tokens", "lm_head"):  # tensors, or weights kept quantized (not Parameters)
+            draft._parameters.pop(name, None)
+            setattr(draft, name, getattr(self, name))
         draft.layers = nn.ModuleList(self.layers[:num_layers])
         draft.norm = self.norm
-        draft.lm_head = self.lm_head
         draft.rotary = self.rotary
         return draft.eval()

@@ -1,4 +1,7 @@
-"""Model folder -> ``LlamaForCausalLM`` on a device, in a dtype: safetensors read directly.
+"""Model path -> ``LlamaForCausalLM`` on a device, in a dtype: one interface for every format.
+
+``load_model`` / ``load_config`` take a Hugging Face folder (below) or a GGUF file (handed to
+``models.gguf_loader``, which keeps quantized weights in their encoding).
 
 A Hugging Face folder holds ``config.json`` and one or more ``*.safetensors`` files (sharded
 checkpoints list their shards in ``model.safetensors.index.json``). Each tensor is read once,
@@ -35,7 +38,11 @@ _DTYPES = {
 AUTO_BF16_MIN_SPEEDUP = 1.3
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device, quantized: bool = False) -> torch.dtype:
+    """``quantized``: the weights stay in ggml block formats, whose kernels compute in float32,
+    so ``"auto"`` is float32 there."""
+    if quantized and dtype == "auto":
+        return torch.float32
     if isinstance(dtype, torch.dtype):
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
@@ -73,8 +80,30 @@ def cpu_bf16_speedup() -> float:
         return best(x32, weights32) / best(x16, weights16)
 
 
+def is_gguf(path: str | Path) -> bool:
+    from .gguf_file import is_gguf_file
+
+    return is_gguf_file(path)
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    """The ``ModelConfig`` of a model folder or GGUF file (``ModelLoadError`` if it has none)."""
+    path = Path(path)
+    if path.is_file():
+        from .gguf_loader import open_gguf
+
+        return open_gguf(path).model_config()
+    if not path.is_dir():
+        raise FileNotFoundError(f"model path {path} does not exist (a Hugging Face folder or a .gguf file)")
+    return ModelConfig.from_folder(path)
+
+
 def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
     folder = Path(folder)
+    if folder.is_file():
+        from .gguf_loader import load_gguf_model
+
+        return load_gguf_model(folder, dtype, device)
     cfg = ModelConfig.from_folder(folder)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)

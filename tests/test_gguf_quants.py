@@ -1,0 +1,152 @@
+"""ggml block formats (engine.layers.ggml_quants) against the gguf package's numpy (de)quantizers.
+
+- Dequantization equals ``gguf.quants.dequantize`` exactly, block by block, for every type
+  (the 32-element types quantized by ``gguf.quants``; the K-quants, which it cannot quantize, as
+  random blocks with sane scales: every bit pattern of the codes and packed scales is valid).
+- The activation quantizers equal a numpy transcription of llama.cpp's definitions (Q8_0/Q8_1:
+  scale max|x|/127 rounded to fp16, codes rounded half to even; Q8_K: scale -max/127 by the
+  signed extreme, float32, 16-element sums), and the fp16 rounding equals numpy's float16 cast.
+- The integer dot products equal float products of the dequantized weights and the dequantized
+  activation blocks (the format's definition), for one row, a few rows and the prefill path
+  (which multiplies the same quantized activations in float).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+
+from gguf import GGMLQuantizationType as T  # noqa: E402
+from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
+
+from engine.layers import ggml_quants as gq  # noqa: E402
+
+N, K = 24, 512
+
+
+def _raw(type_name: str, w: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    kind = T[type_name]
+    if type_name in gq.BLOCK_TYPES:
+        return gguf.quants.quantize(w, kind)
+    block, size = GGML_QUANT_SIZES[kind]
+    raw = rng.integers(0, 256, (w.shape[0], w.shape[1] // block * size), dtype=np.uint8)
+    blocks = raw.reshape(w.shape[0], -1, size)
+    offsets = [208] if type_name == "Q6_K" else [0, 2]  # d (and dmin) as fp16 of sane size
+    for off in offsets:
+        scale = rng.uniform(0.001, 0.02, blocks.shape[:2]).astype(np.float16)
+        blocks[..., off : off + 2] = scale.view(np.uint8).reshape(blocks.shape[:2] + (2,))
+    return raw
+
+
+@pytest.fixture(scope="module", params=gq.QUANT_TYPES)
+def encoded(request):
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    raw = _raw(request.param, w, rng)
+    return request.param, raw, gguf.quants.dequantize(raw, T[request.param])
+
+
+def test_dequantize_equals_gguf_block_by_block(encoded):
+    type_name, raw, reference = encoded
+    weight = gq.QuantizedWeight.from_gguf(type_name, raw, (N, K))
+    got = weight.dequantize().numpy()
+    block = GGML_QUANT_SIZES[T[type_name]][0]
+    for n in range(N):
+        for b in range(K // block):
+            sl = slice(b * block, (b + 1) * block)
+            np.testing.assert_array_equal(got[n, sl], reference[n, sl], err_msg=f"{type_name} row {n} block {b}")
+    rows = np.array([5, 0, 5, 23])
+    np.testing.assert_array_equal(weight.embedding(torch.from_numpy(rows)).numpy(), reference[rows])
+
+
+# --- llama.cpp's activation quantizers, transcribed into numpy ------------------------------------
+
+
+def _ref_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    blocks = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(blocks).max(-1)
+    d = amax / np.float32(127)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.rint(blocks * inv[..., None]).astype(np.int32)
+    s = (d * q.sum(-1).astype(np.float32)).astype(np.float16).astype(np.float32)
+    return q.reshape(x.shape).astype(np.int8), d.astype(np.float16).astype(np.float32), s
+
+
+def _ref_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    blocks = x.reshape(x.shape[0], -1, 256)
+    idx = np.abs(blocks).argmax(-1)
+    vmax = np.take_along_axis(blocks, idx[..., None], -1)[..., 0]
+    iscale = np.float32(-127) / vmax
+    q = np.minimum(127, np.rint(blocks * iscale[..., None])).astype(np.int32)
+    sums = q.reshape(x.shape[0], -1, 16).sum(-1)
+    return q.reshape(x.shape).astype(np.int8), (np.float32(1) / iscale).astype(np.float32), sums
+
+
+def test_activation_quantizers_match_llama_cpp_definitions():
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((3, K)) * rng.uniform(0.01, 30, (3, 1))).astype(np.float32)
+    x[1, :32] = 0.0  # an all-zero block
+    xq, xd, xs = np.empty((3, K), np.int8), np.empty((3, K // 32), np.float32), np.empty((3, K // 32), np.float32)
+    gq.quantize_q8_0(x, xq, xd, xs)
+    rq, rd, rs = _ref_q8_0(x)
+    np.testing.assert_array_equal(xq, rq)
+    np.testing.assert_array_equal(xd, rd)
+    np.testing.assert_array_equal(xs, rs)
+    kq, kd, kbs = np.empty((3, K), np.int8), np.empty((3, K // 256), np.float32), np.empty((3, K // 16), np.int32)
+    gq.quantize_q8_k(x, kq, kd, kbs)
+    rq, rd, rbs = _ref_q8_k(x)
+    np.testing.assert_array_equal(kq, rq)
+    np.testing.assert_array_equal(kd, rd)
+    np.testing.assert_array_equal(kbs, rbs)
+    x[2] = 0.0  # all-zero K blocks: scale 0, codes 0
+    gq.quantize_q8_k(x, kq, kd, kbs)
+    assert not kq[2].any() and not kd[2].any() and not kbs[2].any()
+
+
+def test_fp16_rounding_matches_numpy():
+    rng = np.random.default_rng(5)
+    values = np.concatenate([
+        rng.standard_normal(2000) * 10.0 ** rng.integers(-9, 5, 2000),
+        [0.0, -0.0, 65504.0, 65519.0, 1e-8, 6.1e-5, 5.96e-8, 2.98e-8, 1.0 + 2**-11, 1.0 + 3 * 2**-11],
+    ]).astype(np.float32)  # fmt: skip
+    got = np.array([gq._round_half(np.float32(v)) for v in values], dtype=np.float32)
+    np.testing.assert_array_equal(got, values.astype(np.float16).astype(np.float32))
+
+
+@pytest.mark.parametrize("rows", [1, 3, gq.MAX_QUANT_ROWS + 5])
+def test_matmul_is_the_format_dot_product(encoded, rows):
+    type_name, raw, reference = encoded
+    weight = gq.QuantizedWeight.from_gguf(type_name, raw, (N, K))
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, K)).astype(np.float32)
+    got = weight.matmul(torch.from_numpy(x)).numpy()
+    if type_name in gq.K_TYPES:
+        xq, xd, _ = _ref_q8_k(x)
+        x_deq = (xq.reshape(rows, -1, 256) * xd[..., None]).reshape(rows, K)
+    else:
+        xq, xd, _ = _ref_q8_0(x)
+        x_deq = (xq.reshape(rows, -1, 32) * xd[..., None]).reshape(rows, K)
+    expected = x_deq.astype(np.float64) @ reference.T.astype(np.float64)
+    # Q4_1 / Q5_1 add m * s with s rounded to fp16 (2**-11 relative) where the float product has
+    # the exact block sum; the others are exact up to float32 accumulation order.
+    tol = 2e-3 if type_name in ("Q4_1", "Q5_1") else 2e-5 if rows <= gq.MAX_QUANT_ROWS else 1e-4
+    np.testing.assert_allclose(got, expected, rtol=0, atol=tol * np.abs(expected).max())
+
+
+def test_stacked_and_reordered_weights():
+    rng = np.random.default_rng(11)
+    a_raw = gguf.quants.quantize(rng.standard_normal((8, 256)).astype(np.float32), T.Q4_1)
+    b_raw = gguf.quants.quantize(rng.standard_normal((4, 256)).astype(np.float32), T.Q8_0)
+    a = gq.QuantizedWeight.from_gguf("Q4_1", a_raw, (8, 256))
+    b = gq.QuantizedWeight.from_gguf("Q8_0", b_raw, (4, 256))
+    x = torch.from_numpy(rng.standard_normal((2, 256)).astype(np.float32))
+    stacked = gq.StackedWeight([a, b])
+    assert tuple(stacked.shape) == (12, 256)
+    torch.testing.assert_close(stacked.matmul(x), torch.cat([a.matmul(x), b.matmul(x)], dim=1))
+    fused = gq.QuantizedWeight.cat([a, a])
+    torch.testing.assert_close(fused.matmul(x), torch.cat([a.matmul(x), a.matmul(x)], dim=1))
+    order = np.array([3, 1, 2, 0, 7, 6, 5, 4])
+    torch.testing.assert_close(a.take_rows(order).matmul(x), a.matmul(x)[:, order])
