@@ -47,6 +47,7 @@ FAMILIES = {
         },
     )),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
+        original_max_position_embeddings=128,  # 512 / 128: the cos/sin attention factor is not 1
         rope_parameters={
             "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
             "short_factor": [1.0, 1.3, 1.7, 2.2, 3.0, 4.0], "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0],
@@ -102,7 +103,7 @@ def test_config_fields(family_pair):
     if family == "gemma3":
         assert cfg.local_rope is not None and cfg.local_rope.theta == 1000.0 and cfg.rope.type == "linear"
     if family == "phi3":
-        assert cfg.rotary_dim == 12 and cfg.context_len == 128
+        assert cfg.rotary_dim == 12 and cfg.context_len == 128 and cfg.rope.attention_factor > 1.1
     assert (cfg.moe is not None) == (family in MOE)
     if family == "qwen2_moe":
         assert cfg.moe.sparse_layers == (True, False, True, True) and cfg.moe.shared_intermediate_size == 48
