@@ -84,6 +84,10 @@ class ForwardBatch:
     extend_start_loc_cpu: list[int] = field(default_factory=list)
     num_logits_cpu: list[int] = field(default_factory=list)  # scored positions per row
     attn_metadata: Any = None  # filled by the attention backend before the layers run
+    # Mixture-of-experts models: when set, the forward leaves each token's routing here,
+    # (expert ids [T, moe_layers, top_k] int64, their weights [T, moe_layers, top_k] float32).
+    capture_routed_experts: bool = False
+    routed_experts: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def num_tokens(self) -> int:

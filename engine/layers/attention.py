@@ -12,6 +12,13 @@ layout work (which slots each row reads, which rows share a padded block) is don
 * Extend rows (prefill, a suffix after a cached prefix, jump-forward tokens, speculative drafts)
   run one causal SDPA each, the mask aligned to the row's last key (queries sit at the end).
 
+A layer may attend within a sliding window (``forward(..., window=w)``: a query at position p sees
+the keys at p - w + 1 .. p, as transformers' sliding layers do), scale queries by other than
+head_dim ** -0.5 and soft-cap its scores (Gemma 2: cap * tanh(s / cap), an explicit softmax since
+SDPA cannot). Every layer keeps every token's K and V in the pool, so the prefix cache and
+chunked prefill work unchanged; a windowed layer only reads fewer of them. The metadata of each
+(window, soft-capped) variant is built once per forward, on first use, and shared by the layers.
+
 Padding points at slot 0, which the pool keeps zeroed, and is masked out: a padded key never
 contributes, and never reads a freed slot whose contents may be anything.
 
@@ -24,7 +31,7 @@ against, and serves the remaining cases (a float16 cache on the CPU, no numba).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -73,6 +80,8 @@ class AttentionMetadata:
     decode_groups: list[DecodeGroup]
     extend_rows: list[ExtendRow]
     paged_decode: PagedDecode | None = None
+    # (window, soft-capped) -> the metadata of that layer kind; (None, False) is this one.
+    variants: dict[tuple[int | None, bool], AttentionMetadata] = field(default_factory=dict)
 
 
 def group_decode_rows(lengths: list[int]) -> list[list[int]]:
@@ -110,22 +119,37 @@ class TorchAttention:
             return "numba"
         return None
 
-    def init_forward_metadata(self, batch: ForwardBatch) -> AttentionMetadata:
+    def init_forward_metadata(self, batch: ForwardBatch, window: int | None = None, paged: bool = True) -> AttentionMetadata:
+        """The layout of ``batch`` for layers attending within ``window`` keys (None: all);
+        ``paged=False`` keeps decode rows off the paged kernel (soft-capped layers)."""
         table = batch.req_to_token_pool.req_to_token
         decode = [r for r in range(batch.batch_size) if batch.extend_seq_lens_cpu[r] == 1]
-        kernel = self._paged_kernel(batch) if decode else None
+        kernel = self._paged_kernel(batch) if decode and paged else None
         if kernel is not None:
-            return AttentionMetadata([], self._extend_rows(batch, table), self._paged_decode(batch, table, decode, kernel))
+            return AttentionMetadata(
+                [], self._extend_rows(batch, table, window), self._paged_decode(batch, table, decode, kernel, window)
+            )
         groups = []
-        for rows in group_decode_rows([batch.seq_lens_cpu[r] for r in decode]):
-            groups.append(self._decode_group(batch, table, [decode[i] for i in rows]))
-        return AttentionMetadata(groups, self._extend_rows(batch, table))
+        for rows in group_decode_rows([_visible(batch.seq_lens_cpu[r], window)[1] for r in decode]):
+            groups.append(self._decode_group(batch, table, [decode[i] for i in rows], window))
+        return AttentionMetadata(groups, self._extend_rows(batch, table, window))
+
+    def _metadata(self, batch: ForwardBatch, window: int | None, softcap: float | None) -> AttentionMetadata:
+        meta: AttentionMetadata = batch.attn_metadata
+        if window is None and softcap is None:
+            return meta
+        key = (window, softcap is not None)
+        found = meta.variants.get(key)
+        if found is None:
+            found = meta.variants[key] = self.init_forward_metadata(batch, window, paged=softcap is None)
+        return found
 
     @staticmethod
-    def _paged_decode(batch: ForwardBatch, table: torch.Tensor, rows: list[int], kernel: str) -> PagedDecode:
+    def _paged_decode(batch: ForwardBatch, table: torch.Tensor, rows: list[int], kernel: str, window: int | None = None) -> PagedDecode:
         device = table.device
-        lens = [batch.seq_lens_cpu[r] for r in rows]
-        slots = torch.cat([table[int(batch.req_pool_indices[r]), :n] for r, n in zip(rows, lens)])
+        spans = [_visible(batch.seq_lens_cpu[r], window) for r in rows]
+        lens = [n for _, n in spans]
+        slots = torch.cat([table[int(batch.req_pool_indices[r]), lo : lo + n] for r, (lo, n) in zip(rows, spans)])
         starts = [0] * len(rows)
         for i in range(1, len(rows)):
             starts[i] = starts[i - 1] + lens[i - 1]
@@ -135,28 +159,39 @@ class TorchAttention:
         return PagedDecode(kernel, token_index, slots, long(starts), long(lens), max(lens))
 
     @staticmethod
-    def _extend_rows(batch: ForwardBatch, table: torch.Tensor) -> list[ExtendRow]:
+    def _extend_rows(batch: ForwardBatch, table: torch.Tensor, window: int | None = None) -> list[ExtendRow]:
         extend = []
         for r in range(batch.batch_size):
             n = batch.extend_seq_lens_cpu[r]
             if n == 1:
                 continue
             seq = batch.seq_lens_cpu[r]
-            slots = table[int(batch.req_pool_indices[r]), :seq]
+            # keys from the first one the earliest query sees
+            lo = 0 if window is None else max(0, seq - n - window + 1)
+            slots = table[int(batch.req_pool_indices[r]), lo:seq]
             mask = None
-            if seq != n:
+            if seq - lo != n or (window is not None and n > window):
                 q_pos = torch.arange(seq - n, seq, device=table.device).unsqueeze(1)
-                mask = torch.arange(seq, device=table.device).unsqueeze(0) <= q_pos
+                k_pos = torch.arange(lo, seq, device=table.device).unsqueeze(0)
+                mask = k_pos <= q_pos
+                if window is not None:
+                    mask &= k_pos > q_pos - window
             extend.append(ExtendRow(batch.extend_start_loc_cpu[r], n, slots, mask))
         return extend
 
     @staticmethod
-    def _decode_group(batch: ForwardBatch, table: torch.Tensor, rows: list[int]) -> DecodeGroup:
+    def _decode_group(batch: ForwardBatch, table: torch.Tensor, rows: list[int], window: int | None = None) -> DecodeGroup:
         device = table.device
-        lens = [batch.seq_lens_cpu[r] for r in rows]
+        spans = [_visible(batch.seq_lens_cpu[r], window) for r in rows]
+        lens = [n for _, n in spans]
         longest = max(lens)
         token_index = torch.tensor([batch.extend_start_loc_cpu[r] for r in rows], dtype=torch.int64, device=device)
-        slots = table[batch.req_pool_indices[rows], :longest]
+        if any(lo for lo, _ in spans):
+            cols = torch.tensor([lo for lo, _ in spans], device=device).unsqueeze(1) + torch.arange(longest, device=device)
+            cols = cols.clamp(max=table.shape[1] - 1)
+            slots = table[batch.req_pool_indices[rows].unsqueeze(1), cols]
+        else:
+            slots = table[batch.req_pool_indices[rows], :longest]
         mask = None
         if min(lens) != longest:
             real = torch.arange(longest, device=device).unsqueeze(0) < torch.tensor(lens, device=device).unsqueeze(1)
@@ -164,38 +199,46 @@ class TorchAttention:
             mask = real[:, None, None, :]
         return DecodeGroup(token_index, slots.reshape(-1), longest, mask)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
-        """q [T, heads, d], k/v [T, kv_heads, d] of the new tokens -> attention output [T, heads, d]."""
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch,
+        *, window: int | None = None, scale: float | None = None, softcap: float | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """q [T, heads, d], k/v [T, kv_heads, d] of the new tokens -> attention output [T, heads, d].
+        ``window``: keys seen per query (None: all); ``scale``: of the scores (None: d ** -0.5);
+        ``softcap``: scores become softcap * tanh(scores / softcap) before the softmax."""
         pool = batch.token_to_kv_pool
         pool.set_kv(layer, batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.k_buffer[layer], pool.v_buffer[layer]
-        meta: AttentionMetadata = batch.attn_metadata
+        meta = self._metadata(batch, window, softcap)
         out = torch.empty_like(q)
         heads, dim = q.shape[1], q.shape[2]
         if meta.paged_decode is not None:
-            self._paged_decode_forward(q, k_buf, v_buf, meta.paged_decode, out)
+            self._paged_decode_forward(q, k_buf, v_buf, meta.paged_decode, out, scale)
         for g in meta.decode_groups:
             b = g.token_index.numel()
             qg = q.index_select(0, g.token_index).view(b, heads, 1, dim)
             kg = k_buf.index_select(0, g.kv_index).view(b, g.max_len, -1, dim).transpose(1, 2)
             vg = v_buf.index_select(0, g.kv_index).view(b, g.max_len, -1, dim).transpose(1, 2)
-            og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, enable_gqa=True)
+            og = _attend(qg, kg, vg, g.mask, False, scale, softcap)
             out.index_copy_(0, g.token_index, og.view(b, heads, dim))
         for row in meta.extend_rows:
             qr = q[row.q_start : row.q_start + row.q_len].transpose(0, 1).unsqueeze(0)
             kr = k_buf.index_select(0, row.kv_index).transpose(0, 1).unsqueeze(0)
             vr = v_buf.index_select(0, row.kv_index).transpose(0, 1).unsqueeze(0)
-            causal = row.mask is None
-            orow = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=row.mask, is_causal=causal, enable_gqa=True)
+            orow = _attend(qr, kr, vr, row.mask, row.mask is None, scale, softcap)
             out[row.q_start : row.q_start + row.q_len] = orow[0].transpose(0, 1)
         return out
 
     @staticmethod
-    def _paged_decode_forward(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pd: PagedDecode, out: torch.Tensor) -> None:
+    def _paged_decode_forward(
+        q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pd: PagedDecode, out: torch.Tensor, scale: float | None = None
+    ) -> None:
         heads, dim, kv_heads = q.shape[1], q.shape[2], k_buf.shape[1]
         qd = (q if pd.token_index is None else q.index_select(0, pd.token_index)).contiguous()
         od = out if pd.token_index is None else torch.empty_like(qd)
         if pd.kernel == "triton":
+            if scale is not None:  # the kernel scales by dim ** -0.5: fold the difference into q
+                qd = qd * (scale * dim**0.5)
             paged_decode_attention(qd, k_buf, v_buf, pd.kv_index, pd.kv_start, pd.kv_len, od, max_len=pd.max_len)
         else:
             bf16 = k_buf.dtype == torch.bfloat16
@@ -204,9 +247,38 @@ class TorchAttention:
             o32 = od if od.dtype == torch.float32 else torch.empty_like(q32)
             cpu_decode_attention.kernel_for(dim, heads // kv_heads, bf16)(
                 q32.numpy(), rows(k_buf).numpy(), rows(v_buf).numpy(), pd.kv_index.numpy(),
-                pd.kv_start.numpy(), pd.kv_len.numpy(), o32.numpy(), np.float32(dim**-0.5), kv_heads,
+                pd.kv_start.numpy(), pd.kv_len.numpy(), o32.numpy(), np.float32(dim**-0.5 if scale is None else scale), kv_heads,
             )  # fmt: skip
             if o32 is not od:
                 od.copy_(o32)
         if pd.token_index is not None:
             out.index_copy_(0, pd.token_index, od)
+
+
+def _visible(seq_len: int, window: int | None) -> tuple[int, int]:
+    """(first key, number of keys) a decode query at position seq_len - 1 attends to."""
+    if window is None or seq_len <= window:
+        return 0, seq_len
+    return seq_len - window, window
+
+
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+    scale: float | None, softcap: float | None,
+) -> torch.Tensor:  # fmt: skip
+    """SDPA over [b, heads, Lq, d] x [b, kv_heads, S, d]; with ``softcap``, the same math spelled
+    out (a causal mask aligned so the last query sees every key)."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True, scale=scale)
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    scores = torch.tanh(scores / softcap) * softcap
+    if causal:
+        lq, s = q.shape[2], k.shape[2]
+        mask = torch.arange(s, device=q.device).unsqueeze(0) <= torch.arange(s - lq, s, device=q.device).unsqueeze(1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.matmul(probs, v)

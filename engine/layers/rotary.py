@@ -1,7 +1,10 @@
 """Rotary position embedding with the RoPE scalings of the Llama family: ``default``, ``linear``
-(positions divided by a factor) and ``llama3`` (long wavelengths scaled, short ones kept, a smooth
-blend between). cos/sin are tabulated once for every position, in float32 as ``transformers``
-computes them, so a lookup replaces per-step trigonometry."""
+(positions divided by a factor), ``llama3`` (long wavelengths scaled, short ones kept, a smooth
+blend between) and Phi-3's ``longrope``/``su`` (per-frequency divisors, cos/sin scaled by an
+attention factor; the short table, see ``ModelConfig.context_len``). cos/sin are tabulated once for
+every position, in float32 as ``transformers`` computes them, so a lookup replaces per-step
+trigonometry. A partial rotary (``rotary_dim`` < head_dim, Phi-4 mini) rotates the first
+``rotary_dim`` channels of each head and passes the rest through."""
 
 from __future__ import annotations
 
@@ -15,7 +18,11 @@ if TYPE_CHECKING:  # the layer reads the settings; models/config.py parses them 
 
 
 def rope_inverse_frequencies(rope: RopeConfig, head_dim: int, max_positions: int) -> torch.Tensor:
-    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    shape = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    if rope.type in ("longrope", "su"):
+        assert rope.short_factor is not None and len(rope.short_factor) == head_dim // 2, "short_factor per frequency"
+        return 1.0 / (torch.tensor(rope.short_factor, dtype=torch.float32) * rope.theta**shape)
+    inv_freq = 1.0 / (rope.theta**shape)
     if rope.type == "linear":
         return inv_freq / rope.factor
     if rope.type == "llama3":
@@ -39,18 +46,23 @@ class RotaryEmbedding:
     """``apply(x, positions)`` rotates ``x`` [T, heads, head_dim] in place of a copy."""
 
     def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
+        """``head_dim``: the rotated channels per head (``rotary_dim`` for a partial rotary)."""
         inv_freq = rope_inverse_frequencies(rope, head_dim, max_positions)
         freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = emb.cos().to(device=device, dtype=dtype)  # [P, head_dim]
-        self.sin = emb.sin().to(device=device, dtype=dtype)
+        scale = rope.attention_factor if rope.attention_factor is not None else 1.0
+        self.cos = (emb.cos() * scale).to(device=device, dtype=dtype)  # [P, head_dim]
+        self.sin = (emb.sin() * scale).to(device=device, dtype=dtype)
         self.half = head_dim // 2
+        self.dim = head_dim
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token tables [T, 1, head_dim], looked up once per forward and shared by every layer."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.dim:  # partial rotary: the tail channels pass through
+            return torch.cat((self.apply(x[..., : self.dim], cos, sin), x[..., self.dim :]), dim=-1)
         x1, x2 = x[..., : self.half], x[..., self.half :]
         rotated = torch.cat((-x2, x1), dim=-1)
         return x * cos + rotated * sin

@@ -102,7 +102,7 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> LogitsProcessorOutput:
         batch.attn_metadata = self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch, self.attn_backend)
-        return compute_logits(hidden, self.model.lm_head, batch)
+        return compute_logits(hidden, self.model.lm_head, batch, self.model_config.final_softcap)
 
     @torch.inference_mode()
     def sample(self, output: LogitsProcessorOutput, batch: ForwardBatch) -> SamplerOutput:

@@ -6,7 +6,10 @@
 A Hugging Face folder holds ``config.json`` and one or more ``*.safetensors`` files (sharded
 checkpoints list their shards in ``model.safetensors.index.json``). Each tensor is read once,
 converted to the target dtype and placed into the fused layout of ``models.llama``; a tensor the
-architecture needs but the checkpoint lacks is a ``ModelLoadError`` naming it.
+architecture needs but the checkpoint lacks is a ``ModelLoadError`` naming it. Checkpoints that
+store projections fused already (Phi-3's ``qkv_proj`` and ``gate_up_proj``, stacked experts) are
+taken as they are; per-expert tensors (``experts.{e}.gate_proj`` / Mixtral's ``w1 w3 w2``) are
+stacked. Gemma's norms scale by (1 + w): the loader stores 1 + w, so one RMSNorm serves all.
 
 ``dtype="auto"`` picks a half-precision type where the hardware multiplies it fast: bfloat16 on
 GPUs that support it (else float16); on the CPU, bfloat16 when a quick matrix-vector timing at
@@ -28,6 +31,14 @@ from torch import nn
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig, ModelLoadError
 from .llama import LlamaForCausalLM
+
+# config -> model class; every supported architecture runs on the one decoder of models.llama. A
+# loader for another format builds the same ModelConfig and calls ``model_class(cfg)(cfg)``.
+MODEL_CLASSES: dict[str, type[nn.Module]] = {}
+
+
+def model_class(cfg: ModelConfig) -> type[nn.Module]:
+    return MODEL_CLASSES.get(cfg.architecture, LlamaForCausalLM)
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -106,37 +117,84 @@ def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device) -> 
         return load_gguf_model(folder, dtype, device)
     cfg = ModelConfig.from_folder(folder)
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
+        model = model_class(cfg)(cfg)
     tensors = _TensorSource(folder)
     put = lambda module, name, t: setattr(module, name, nn.Parameter(t.to(device, dtype), requires_grad=False))  # noqa: E731
     put(model, "embed_tokens", tensors.get("model.embed_tokens.weight"))
-    put(model.norm, "weight", tensors.get("model.norm.weight"))
+    put(model.norm, "weight", _norm(cfg, tensors.get("model.norm.weight")))
     for i, layer in enumerate(model.layers):
         _load_layer(layer, cfg, tensors, f"model.layers.{i}.", put)
     if cfg.tie_word_embeddings:
         model.lm_head = model.embed_tokens
     else:
         put(model, "lm_head", tensors.get("lm_head.weight"))
-    model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.context_len, dtype, device)
+    rotary_dim = cfg.rotary_dim or cfg.head_dim
+    model.rotary = RotaryEmbedding(cfg.rope, rotary_dim, cfg.context_len, dtype, device)
+    if cfg.local_rope is not None and cfg.local_rope != cfg.rope:
+        model.rotary_local = RotaryEmbedding(cfg.local_rope, rotary_dim, cfg.context_len, dtype, device)
     return model.eval()
+
+
+def _norm(cfg: ModelConfig, weight: torch.Tensor) -> torch.Tensor:
+    """A norm weight as ``layers.layernorm.RMSNorm`` multiplies by it: Gemma's 1 + w in float32."""
+    return weight.float() + 1.0 if cfg.norm_plus_one else weight
 
 
 def _load_layer(layer: nn.Module, cfg: ModelConfig, tensors: _TensorSource, prefix: str, put) -> None:  # type: ignore[no-untyped-def]
     attn, mlp = layer.self_attn, layer.mlp
     cat = lambda *names: torch.cat([tensors.get(prefix + n) for n in names])  # noqa: E731
-    put(attn, "qkv_proj", cat("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"))
+    if tensors.has(prefix + "self_attn.qkv_proj.weight"):  # Phi-3
+        put(attn, "qkv_proj", tensors.get(prefix + "self_attn.qkv_proj.weight"))
+    else:
+        put(attn, "qkv_proj", cat("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"))
     if cfg.qkv_bias:
         put(attn, "qkv_bias", cat("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"))
     put(attn, "o_proj", tensors.get(prefix + "self_attn.o_proj.weight"))
     if cfg.o_bias:
         put(attn, "o_bias", tensors.get(prefix + "self_attn.o_proj.bias"))
-    put(mlp, "gate_up_proj", cat("mlp.gate_proj.weight", "mlp.up_proj.weight"))
-    put(mlp, "down_proj", tensors.get(prefix + "mlp.down_proj.weight"))
+    if cfg.qk_norm is not None:
+        put(attn.q_norm, "weight", _norm(cfg, tensors.get(prefix + "self_attn.q_norm.weight")))
+        put(attn.k_norm, "weight", _norm(cfg, tensors.get(prefix + "self_attn.k_norm.weight")))
+    if hasattr(mlp, "experts"):
+        _load_experts(mlp, cfg, tensors, prefix, put)
+    else:
+        _load_mlp(mlp, cfg, tensors, prefix + "mlp.", put)
+    norms = ["input_layernorm", "post_attention_layernorm"]
+    if cfg.sandwich_norm:
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    for name in norms:
+        put(getattr(layer, name), "weight", _norm(cfg, tensors.get(prefix + name + ".weight")))
+
+
+def _load_mlp(mlp: nn.Module, cfg: ModelConfig, tensors: _TensorSource, prefix: str, put) -> None:  # type: ignore[no-untyped-def]
+    cat = lambda *names: torch.cat([tensors.get(prefix + n) for n in names])  # noqa: E731
+    if tensors.has(prefix + "gate_up_proj.weight"):  # Phi-3
+        put(mlp, "gate_up_proj", tensors.get(prefix + "gate_up_proj.weight"))
+    else:
+        put(mlp, "gate_up_proj", cat("gate_proj.weight", "up_proj.weight"))
+    put(mlp, "down_proj", tensors.get(prefix + "down_proj.weight"))
     if cfg.mlp_bias:
-        put(mlp, "gate_up_bias", cat("mlp.gate_proj.bias", "mlp.up_proj.bias"))
-        put(mlp, "down_bias", tensors.get(prefix + "mlp.down_proj.bias"))
-    put(layer.input_layernorm, "weight", tensors.get(prefix + "input_layernorm.weight"))
-    put(layer.post_attention_layernorm, "weight", tensors.get(prefix + "post_attention_layernorm.weight"))
+        put(mlp, "gate_up_bias", cat("gate_proj.bias", "up_proj.bias"))
+        put(mlp, "down_bias", tensors.get(prefix + "down_proj.bias"))
+
+
+def _load_experts(block: nn.Module, cfg: ModelConfig, tensors: _TensorSource, prefix: str, put) -> None:  # type: ignore[no-untyped-def]
+    assert cfg.moe is not None
+    mixtral = tensors.has(prefix + "block_sparse_moe.gate.weight")
+    base = prefix + ("block_sparse_moe." if mixtral else "mlp.")
+    put(block, "gate", tensors.get(base + "gate.weight"))
+    if tensors.has(base + "experts.gate_up_proj"):  # stacked already (transformers 5's own layout)
+        put(block, "gate_up_proj", tensors.get(base + "experts.gate_up_proj"))
+        put(block, "down_proj", tensors.get(base + "experts.down_proj"))
+    else:
+        gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+        experts = range(cfg.moe.num_experts)
+        get = lambda e, name: tensors.get(f"{base}experts.{e}.{name}.weight")  # noqa: E731
+        put(block, "gate_up_proj", torch.stack([torch.cat([get(e, gate), get(e, up)]) for e in experts]))
+        put(block, "down_proj", torch.stack([get(e, down) for e in experts]))
+    if block.shared_expert is not None:
+        _load_mlp(block.shared_expert, cfg, tensors, base + "shared_expert.", put)
+        put(block, "shared_expert_gate", tensors.get(base + "shared_expert_gate.weight"))
 
 
 class _TensorSource:
@@ -167,6 +225,9 @@ class _TensorSource:
                 yield path
             return
         yield from sorted(self.folder.glob("*.safetensors"))
+
+    def has(self, name: str) -> bool:
+        return name in self._where
 
     def get(self, name: str) -> torch.Tensor:
         path = self._where.get(name)
