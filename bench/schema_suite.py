@@ -43,11 +43,17 @@ sys.path.insert(0, str(ROOT / "bench"))
 OUTCOMES = ("correct", "valid rejected", "invalid accepted", "refused", "timeout", "crash")
 
 
-def load_suite(path: Path, optional: bool) -> list[dict]:
-    """MaskBench-style records, one per test group: ``{"id", "schema", "tests": [{"valid", "data"}]}``."""
-    folder = path / "tests" / "draft2020-12" if (path / "tests").is_dir() else path
+SUITE = ROOT / "tests" / "data" / "json-schema-test-suite"  # the suite's required tests, kept in the repository
+DRAFT_FOLDERS = {"draft4": "draft4", "draft6": "draft6", "draft7": "draft7", "2019-09": "draft2019-09", "2020-12": "draft2020-12"}
+
+
+def load_suite(path: Path, optional: bool, draft: str = "2020-12") -> list[dict]:
+    """MaskBench-style records, one per test group: ``{"id", "schema", "draft", "tests": [{"valid", "data"}]}``.
+    The suite's schemas mostly do not name their draft: ``draft`` goes with each record."""
+    sub = DRAFT_FOLDERS[draft]
+    folder = path / "tests" / sub if (path / "tests").is_dir() else path
     if not folder.is_dir():
-        raise SystemExit(f"no draft2020-12 tests under {path}")
+        raise SystemExit(f"no {sub} tests under {path}")
     files = sorted(folder.glob("*.json"))
     if optional:
         files += sorted(p for p in (folder / "optional").rglob("*.json"))
@@ -55,7 +61,7 @@ def load_suite(path: Path, optional: bool) -> list[dict]:
     for f in files:
         for i, group in enumerate(json.loads(f.read_text(encoding="utf-8"))):
             name = str(f.relative_to(folder))
-            records.append({"id": f"{name}#{i}", "schema": group["schema"], "description": group["description"],
+            records.append({"id": f"{name}#{i}", "schema": group["schema"], "draft": draft, "description": group["description"],
                             "tests": [{"valid": t["valid"], "data": t["data"], "description": t["description"]} for t in group["tests"]]})
     return records
 
@@ -69,7 +75,7 @@ def _alarm(*_: Any) -> None:
     raise _Timeout()
 
 
-def run_bytes(records: list[dict], timeout: float) -> list[dict]:
+def run_bytes(records: list[dict], timeout: float, formats: str = "assert") -> list[dict]:
     """formcast over the byte-level vocabulary, in process: one result per group (MaskBench shape)."""
     from grammar import GrammarError, GrammarMatcher, TokenVocabulary
     from grammar.compiler import compile_grammar
@@ -83,7 +89,8 @@ def run_bytes(records: list[dict], timeout: float) -> list[dict]:
             out: dict[str, Any] = {"id": rec["id"], "engine": "formcast"}
             signal.setitimer(signal.ITIMER_REAL, timeout)
             try:
-                compiled = compile_grammar(json_schema_to_grammar(rec["schema"]), vocab)
+                grammar = json_schema_to_grammar(rec["schema"], draft=rec.get("draft"), formats=formats)
+                compiled = compile_grammar(grammar, vocab)
                 failures = []
                 for i, test in enumerate(rec["tests"]):
                     m = GrammarMatcher(compiled)

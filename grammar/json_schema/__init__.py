@@ -60,10 +60,12 @@ from typing import Iterable
 from .. import ir
 from ..budget import recursion_room
 from ..errors import GrammarBudgetError, SchemaError
+from .drafts import check_formats, draft_named
 from .layout import Layout
-from .lower import Lowerer
+from .lower import MARK_RULE, Lowerer
 from .refs import Dynamic, load_schema, normalize_refs
 from .unique import build_check
+from .unique_check import MARK
 
 __all__ = ["json_schema_to_grammar"]
 
@@ -75,6 +77,8 @@ def json_schema_to_grammar(
     strict_properties: bool = False,
     max_whitespace: int | None = None,
     relax_keywords: Iterable[str] = (),
+    draft: str | None = None,
+    formats: str = "assert",
 ) -> ir.Grammar:
     """Lower a JSON Schema to a grammar accepting exactly the JSON texts valid against it.
 
@@ -82,17 +86,23 @@ def json_schema_to_grammar(
     tokens, default 20), ``"compact"`` (none) or an int indent width (``json.dumps(indent=n)``
     layout). ``strict_properties``: absent ``additionalProperties`` means ``false`` (OpenAI
     strict style) instead of the specification's ``true``. ``relax_keywords``: keywords to
-    ignore where they cannot be enforced exactly. Raises SchemaError (invalid or unsatisfiable
-    schema), UnsupportedFeatureError, GrammarBudgetError.
+    ignore where they cannot be enforced exactly. ``draft``: the draft of a schema without
+    ``$schema`` (``"draft-04"``, ``"draft-06"``, ``"draft-07"``, ``"2019-09"``, ``"2020-12"``;
+    None keeps formcast's default, see ``drafts``). ``formats``: ``"assert"`` (enforce ``format``)
+    or ``"annotate"`` (ignore it, the specification's default for validators). Raises
+    SchemaError (invalid or unsatisfiable schema, bad option), UnsupportedFeatureError,
+    GrammarBudgetError.
     """
     layout = Layout.from_option(whitespace, max_whitespace)
+    annotate = check_formats(formats) == "annotate"
+    draft_named(draft)  # a bad option is an error even where the schema names its draft
     # The metaschema check and the walker recurse a few frames per nested subschema; the
     # document's depth budget (checked first thing in load_schema) bounds how many.
     with recursion_room(20_000):
-        raw, validator_cls = load_schema(schema)
+        raw, validator_cls, named = load_schema(schema, draft)
         dynamic = Dynamic()
-        doc = normalize_refs(raw, dynamic)
-        lowerer = Lowerer(doc, validator_cls, layout, strict_properties, relax_keywords, dynamic)
+        doc = normalize_refs(raw, dynamic, named)
+        lowerer = Lowerer(doc, validator_cls, layout, strict_properties, relax_keywords, dynamic, named, annotate)
         root = lowerer.den.sub("")
         body = lowerer.value(root, 0)
         check = build_check(lowerer.den, root) if lowerer.has_unique else None
@@ -104,6 +114,9 @@ def json_schema_to_grammar(
     # only wastes its budget (leading whitespace stays allowed, as some models start with a newline).
     rules: dict[str, ir.Expr] = {"root": ir.seq(layout.outer(), body)}
     rules.update(lowerer.rules)
+    if lowerer.marks:
+        # Without a check nothing writes the mark: its rule matches nothing.
+        rules[MARK_RULE] = ir.Literal(bytes([MARK])) if check is not None else ir.NOTHING
     # References are checked once, where every grammar is compiled (RuleGraph.of): a second
     # walk of the whole IR here cost a twelfth of a typical schema's time to first mask.
     return ir.Grammar(rules, "root", "json_schema", check)
