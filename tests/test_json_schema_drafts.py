@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from engine.constrained.grammar_backend import GrammarBackend
-from engine.sampling_params import InvalidSamplingParams, SamplingParams
+from engine.sampling_params import InvalidSamplingParams, SamplingParams, to_sampling_params
 from grammar import SchemaError, TokenVocabulary
 from grammar.compiler import compile_grammar
 from grammar.json_schema import json_schema_to_grammar
@@ -93,6 +93,10 @@ def test_options_travel_from_sampling_params_to_the_compiler():
         SamplingParams(json_schema={}, json_schema_draft="draft-99").verify()
     with pytest.raises(InvalidSamplingParams, match="json_schema_formats"):
         SamplingParams(json_schema={}, json_schema_formats="loose").verify()
+    request = {"model": "m", "messages": [], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+               "json_schema_draft": "draft-07", "json_schema_formats": "annotate"}
+    params = to_sampling_params(request)  # the server's extensions
+    assert (params.json_schema_draft, params.json_schema_formats) == ("draft-07", "annotate")
     backend = GrammarBackend(BYTES)
     try:
         for draft, ok in ((None, False), ("draft-07", True)):

@@ -1,8 +1,9 @@
-"""JSON Schema (2020-12, plus draft-07 / 2019-09 spellings) -> grammar IR.
+"""JSON Schema (draft-04, -06, -07, 2019-09, 2020-12) -> grammar IR.
 
 Public entry point: :func:`json_schema_to_grammar`. The data flow, one module per step:
 
-    refs       load, metaschema check (ECMA regexes), $ref / $dynamicRef normalization
+    drafts     which draft applies ($schema, else the ``draft`` option) and what its rules change
+    refs       load, metaschema check (ECMA regexes), $ref / $dynamicRef / $recursiveRef normalization
     denote     schema objects -> denotations (every keyword, combinators included)
       keywords   the local keywords of one schema object (type, enum/const, each type's own)
     denot      the denotation algebra: intersection, union, complement, oneOf, a and not b
@@ -14,7 +15,7 @@ Public entry point: :func:`json_schema_to_grammar`. The data flow, one module pe
     lower      denotations -> IR (memoized per expression and per denotation; cycles -> rules)
       objects, arrays, strings, numbers, formats, regex_format, layout
     unique     uniqueItems: small domains as automata, the rest as a matcher check:
-      unique_check   the incremental JSON scanner that bans tokens completing a duplicate item
+      unique_check   the incremental JSON scanner that marks duplicate items for the automaton
       unique_tokens  its per-vocabulary token indexes
       unique_values  JSON value equality (numbers as decimals and floats, objects unordered)
 
@@ -25,8 +26,14 @@ Decisions worth knowing (MaskBench dev samples, byte-level walk of
   else): all exact (``denot``). ``unevaluatedProperties`` / ``unevaluatedItems`` are static
   (``denote``); ``$dynamicRef`` resolves per dynamic scope. ``uniqueItems`` is exact: an
   automaton of used values for small item domains, otherwise a check in the matcher
-  (``unique_check``). What cannot be complemented exactly (a negated ``uniqueItems`` or
-  ``format``, a union cut to a subset under budget) is refused where a complement is needed.
+  (``unique_check``) that writes a mark after each duplicate item, which only the branches
+  allowing duplicates accept: the check binds the branch and the array it was compiled for.
+  It is the only keyword enforced outside the automaton. What cannot be complemented exactly (a
+  negated ``uniqueItems`` or ``format``, a union cut to a subset under budget) is refused where
+  a complement is needed.
+- Drafts (``drafts``): ``$schema`` or the ``draft`` option selects a draft's own keywords and
+  rules (``$ref`` overriding its siblings up to draft-07, ``id``, ``$recursiveRef``); without
+  either, the 2020-12 rules apply, with the older spellings read where they cannot clash.
 - Properties are emitted in ``properties`` order (then ``required`` names not in
   ``properties``); extra keys may sit in any gap. An instance whose keys come in another order is
   rejected: a restriction of the output language, never an acceptance of invalid output.
@@ -38,13 +45,14 @@ Decisions worth knowing (MaskBench dev samples, byte-level walk of
   either case, surrogate pairs); lengths count characters. Several patterns, formats and length
   bounds intersect exactly through ``char_dfa`` (refused past its state budget).
 - ``format``: every 2020-12 format is enforced, several as safe subsets (``formats``); an unknown
-  name is an annotation (validators ignore it too). ``pattern`` follows ECMA-262; where Python's
+  name is an annotation (validators ignore it too). ``formats="annotate"`` ignores ``format``
+  altogether (the specification's default for validators). ``pattern`` follows ECMA-262; where Python's
   ``re`` (jsonschema) reads it differently, its complement is taken only over the characters on
   which both agree.
 - Unions past ``denot.MAX_BRANCHES`` keep their simplest members (a marked subset, never
   complemented); lowering has a time budget; reference bombs meet MAX_WORK / MAX_NESTING.
-- ``nullable`` (OpenAPI) is not JSON Schema: ignored, like jsonschema does. ``$ref`` siblings
-  always apply (as in 2020-12, stricter than draft-07's "siblings ignored").
+- ``nullable`` (OpenAPI) is not JSON Schema: ignored, like jsonschema does. Without a named
+  draft, ``$ref`` siblings apply (as in 2020-12, stricter than draft-07's "siblings ignored").
 - A keyword that is not enforced exactly raises UnsupportedFeatureError naming it and its JSON
   pointer, unless listed in ``relax_keywords`` (then it is ignored). Annotations
   (``title``, ``description``, ``default``, ``examples``...) and unknown keywords are ignored,
