@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test test-random bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,13 @@ TEST_WORKERS ?= 2
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+
+# The property tests with fresh random seeds and 5x their examples (CI keeps one fixed seed):
+# run it before a submission; every failure it finds becomes an explicit @example.
+PROPERTY_TESTS ?= tests/test_json_schema_algebra.py tests/test_json_schema_hypothesis.py tests/test_json_schema_unique_unions.py
+test-random: install
+	FORMCAST_HYPOTHESIS_PROFILE=random FORMCAST_EXAMPLES_SCALE=$${FORMCAST_EXAMPLES_SCALE:-5} \
+		$(PY) -m pytest -q -p no:cacheprovider $(PROPERTY_TESTS)
 
 clean:
 	rm -rf $(VENV)

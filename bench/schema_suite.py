@@ -1,28 +1,31 @@
 """JSON-Schema-Test-Suite score: formcast (and the anchors) on the official suite's tests.
 
-The suite is not vendored: pass the path of a checkout (``--suite``; its ``tests/draft2020-12``
-folder, or that folder itself). Every test group (one schema, several instances) is compiled once;
-each instance, serialised as ``json.dumps(data, ensure_ascii=False)`` (MaskBench's spelling), is
-scored on its own:
+The suite's required tests of draft-04, -06, -07, 2019-09 and 2020-12 are kept in the repository
+(tests/data/json-schema-test-suite; ``--suite`` points at another checkout). ``--draft`` picks
+one draft or ``all`` (a table per draft). The suite's schemas seldom name their draft: each root
+schema without ``$schema`` gets its draft's, so every engine applies that draft's rules. Every
+test group (one schema, several instances) is compiled once; each instance, serialised as
+``json.dumps(data, ensure_ascii=False)`` (MaskBench's spelling), is scored on its own:
 
 - correct: accepted iff the suite says valid;
 - valid rejected / **invalid accepted**;
-- refused: the engine refused the schema (its compile error), so none of its instances ran;
+- format asserted: a valid instance of ``format.json`` rejected: the suite reads ``format`` as
+  an annotation, the engines assert it (formcast's ``json_schema_formats="annotate"``, which
+  ``--formats annotate`` passes in the byte-level mode, reads it as the suite does);
+- refused, unsatisfiable: the engine refused the schema because no value satisfies it (formcast:
+  "no JSON value is valid against it"), the right answer for generation; ``--strict`` counts a
+  group with a valid instance among these as wrong;
+- refused, unsupported: any other compile error (remote references, budgets);
 - timeout / crash: per group.
-
-A compile error that says the schema is unsatisfiable (formcast: "no JSON value is valid
-against it") is an answer, not a refusal: the engine accepts nothing, so each instance the suite
-calls invalid is correct and each one it calls valid is a valid instance rejected. ``--strict``
-counts those groups as refused instead.
 
 ``--tokenizer bytes`` (the default) runs formcast alone in this process over the byte-level
 vocabulary: the compiled language itself, quick enough to iterate on. ``--tokenizer smollm2`` or
 ``qwen2`` runs formcast, llguidance and xgrammar token by token through MaskBench's worker pool
 (``bench/maskbench.py``: same adapters, timeouts and crash isolation).
 
-    python bench/schema_suite.py --suite /path/to/JSON-Schema-Test-Suite
-    python bench/schema_suite.py --suite ... --tokenizer smollm2 --engines formcast,llguidance,xgrammar --jobs 2
-    python bench/schema_suite.py --suite ... --show refused      # refusals by keyword
+    python bench/schema_suite.py --draft all
+    python bench/schema_suite.py --draft all --tokenizer smollm2 --engines formcast,llguidance,xgrammar --jobs 2
+    python bench/schema_suite.py --draft 2020-12 --show refused      # refusals by keyword
 """
 
 from __future__ import annotations
@@ -40,14 +43,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-OUTCOMES = ("correct", "valid rejected", "invalid accepted", "refused", "timeout", "crash")
+OUTCOMES = ("correct", "valid rejected", "invalid accepted", "format asserted", "refused, unsatisfiable", "refused, unsupported",
+            "timeout", "crash")
 
 
-def load_suite(path: Path, optional: bool) -> list[dict]:
-    """MaskBench-style records, one per test group: ``{"id", "schema", "tests": [{"valid", "data"}]}``."""
-    folder = path / "tests" / "draft2020-12" if (path / "tests").is_dir() else path
+SUITE = ROOT / "tests" / "data" / "json-schema-test-suite"  # the suite's required tests, kept in the repository
+META_SCHEMAS = {"draft4": "http://json-schema.org/draft-04/schema#", "draft6": "http://json-schema.org/draft-06/schema#",
+                "draft7": "http://json-schema.org/draft-07/schema#", "2019-09": "https://json-schema.org/draft/2019-09/schema",
+                "2020-12": "https://json-schema.org/draft/2020-12/schema"}
+DRAFT_FOLDERS = {"draft4": "draft4", "draft6": "draft6", "draft7": "draft7", "2019-09": "draft2019-09", "2020-12": "draft2020-12"}
+
+
+def load_suite(path: Path, optional: bool, draft: str = "2020-12") -> list[dict]:
+    """MaskBench-style records, one per test group: ``{"id", "schema", "draft", "tests": [{"valid", "data"}]}``.
+    The suite's schemas mostly do not name their draft: ``draft`` goes with each record."""
+    sub = DRAFT_FOLDERS[draft]
+    folder = path / "tests" / sub if (path / "tests").is_dir() else path
     if not folder.is_dir():
-        raise SystemExit(f"no draft2020-12 tests under {path}")
+        raise SystemExit(f"no {sub} tests under {path}")
     files = sorted(folder.glob("*.json"))
     if optional:
         files += sorted(p for p in (folder / "optional").rglob("*.json"))
@@ -55,7 +68,10 @@ def load_suite(path: Path, optional: bool) -> list[dict]:
     for f in files:
         for i, group in enumerate(json.loads(f.read_text(encoding="utf-8"))):
             name = str(f.relative_to(folder))
-            records.append({"id": f"{name}#{i}", "schema": group["schema"], "description": group["description"],
+            schema = group["schema"]
+            if isinstance(schema, dict) and "$schema" not in schema:
+                schema = {"$schema": META_SCHEMAS[draft], **schema}
+            records.append({"id": f"{name}#{i}", "schema": schema, "draft": draft, "description": group["description"],
                             "tests": [{"valid": t["valid"], "data": t["data"], "description": t["description"]} for t in group["tests"]]})
     return records
 
@@ -69,7 +85,7 @@ def _alarm(*_: Any) -> None:
     raise _Timeout()
 
 
-def run_bytes(records: list[dict], timeout: float) -> list[dict]:
+def run_bytes(records: list[dict], timeout: float, formats: str = "assert") -> list[dict]:
     """formcast over the byte-level vocabulary, in process: one result per group (MaskBench shape)."""
     from grammar import GrammarError, GrammarMatcher, TokenVocabulary
     from grammar.compiler import compile_grammar
@@ -83,7 +99,8 @@ def run_bytes(records: list[dict], timeout: float) -> list[dict]:
             out: dict[str, Any] = {"id": rec["id"], "engine": "formcast"}
             signal.setitimer(signal.ITIMER_REAL, timeout)
             try:
-                compiled = compile_grammar(json_schema_to_grammar(rec["schema"]), vocab)
+                grammar = json_schema_to_grammar(rec["schema"], draft=rec.get("draft"), formats=formats)
+                compiled = compile_grammar(grammar, vocab)
                 failures = []
                 for i, test in enumerate(rec["tests"]):
                     m = GrammarMatcher(compiled)
@@ -135,18 +152,20 @@ def score(records: list[dict], results: list[dict], strict: bool = False) -> dic
         cells = table.setdefault(res["engine"], {o: [] for o in OUTCOMES})
         n = len(rec["tests"])
         status = res["status"]
-        if status == "compile" and not strict and "unsatisfiable" in res.get("error", "").lower():
+        if status == "compile" and "unsatisfiable" in res.get("error", "").lower():
             for i, t in enumerate(rec["tests"]):
-                cells["valid rejected" if t["valid"] else "correct"].append((rec["id"], i))
+                cells["valid rejected" if strict and t["valid"] else "refused, unsatisfiable"].append((rec["id"], i))
             continue
         if status in ("compile", "timeout", "crash"):
-            key = "refused" if status == "compile" else status
+            key = "refused, unsupported" if status == "compile" else status
             cells[key] += [(rec["id"], i) for i in range(n)]
             continue
         bad = {f["test"]: f["kind"] for f in res.get("failures", [])}
         for i in range(n):
             kind = bad.get(i)
             key = "correct" if kind is None else "valid rejected" if kind == "validation" else "invalid accepted"
+            if key == "valid rejected" and rec["id"].startswith("format.json"):
+                key = "format asserted"
             cells[key].append((rec["id"], i))
     return table
 
@@ -155,12 +174,17 @@ def report(records: list[dict], results: list[dict], show: set[str], strict: boo
     table = score(records, results, strict)
     engines = list(table)
     total = sum(len(r["tests"]) for r in records)
-    lines = [f"tests: {total} in {len(records)} groups", "", "| outcome | " + " | ".join(engines) + " |",
+    draft = records[0].get("draft", "") if records else ""
+    lines = [f"draft {draft}: {total} tests in {len(records)} groups", "", "| outcome | " + " | ".join(engines) + " |",
              "| --- |" + " ---: |" * len(engines)]
     for o in OUTCOMES:
         cell = f"**{o}**" if o == "invalid accepted" else o
         lines.append(f"| {cell} | " + " | ".join(str(len(table[e][o])) for e in engines) + " |")
     by_id = {r["id"]: r for r in records}
+    for e in engines:
+        scored = sum(len(table[e][o]) for o in ("correct", "valid rejected", "invalid accepted"))
+        wrong = len(table[e]["valid rejected"]) + len(table[e]["invalid accepted"])
+        lines.append(f"  {e}: {wrong} of {scored} scored tests wrong ({100 * wrong / max(scored, 1):.2f}%), format cases apart")
     for e in engines:
         for o in ("invalid accepted", "valid rejected"):
             if o in show or o == "invalid accepted":
@@ -172,7 +196,7 @@ def report(records: list[dict], results: list[dict], show: set[str], strict: boo
 
             errors = Counter()
             for res in results:
-                unsat = "unsatisfiable" in res.get("error", "").lower() and not strict
+                unsat = "unsatisfiable" in res.get("error", "").lower()
                 if res["engine"] == e and res["status"] in ("compile", "timeout", "crash") and not unsat:
                     key = maskbench._keyword_of(res.get("error", "")) if res["status"] == "compile" else res["status"]
                     errors[key] += len(by_id[res["id"]]["tests"])
@@ -188,7 +212,9 @@ def report(records: list[dict], results: list[dict], show: set[str], strict: boo
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--suite", type=Path, required=True, help="JSON-Schema-Test-Suite checkout (or its tests/draft2020-12)")
+    ap.add_argument("--suite", type=Path, default=SUITE, help="JSON-Schema-Test-Suite checkout (default: the copy in tests/data)")
+    ap.add_argument("--draft", default="2020-12", help=f"{', '.join(DRAFT_FOLDERS)} or all")
+    ap.add_argument("--formats", choices=("assert", "annotate"), default="assert", help="formcast's json_schema_formats (byte-level mode)")
     ap.add_argument("--optional", action="store_true", help="also the optional/ tests (formats, bignum, ...)")
     ap.add_argument("--only", help="substring of the file names to run (e.g. 'oneOf')")
     ap.add_argument("--tokenizer", choices=("bytes", "smollm2", "qwen2"), default="bytes")
@@ -197,24 +223,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--show", default="", help="comma list: refused, groups, valid rejected")
     ap.add_argument("--out", type=Path, help="write the per-group results as JSON lines")
-    ap.add_argument("--strict", action="store_true", help="count 'unsatisfiable' compile errors as refusals")
+    ap.add_argument("--strict", action="store_true", help="count a valid instance of a schema refused as unsatisfiable as rejected")
     args = ap.parse_args(argv)
-    records = load_suite(args.suite, args.optional)
-    if args.only:
-        records = [r for r in records if args.only in r["id"]]
+    drafts = list(DRAFT_FOLDERS) if args.draft == "all" else [args.draft]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if args.tokenizer == "bytes":
-        if engines != ["formcast"]:
-            ap.error("--tokenizer bytes runs formcast only; pick smollm2 or qwen2 for the anchors")
-        results = run_bytes(records, args.timeout)
-    else:
-        args.max_minutes = None
-        results = run_tokens(records, engines, args)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
+    if args.tokenizer == "bytes" and engines != ["formcast"]:
+        ap.error("--tokenizer bytes runs formcast only; pick smollm2 or qwen2 for the anchors")
+    out = open(args.out, "w", encoding="utf-8") if args.out else None
+    for draft in drafts:
+        records = load_suite(args.suite, args.optional, draft)
+        if args.only:
+            records = [r for r in records if args.only in r["id"]]
+        if args.tokenizer == "bytes":
+            results = run_bytes(records, args.timeout, args.formats)
+        else:
+            args.max_minutes = None
+            results = run_tokens(records, engines, args)
+        if out:
             for r in results:
-                f.write(json.dumps({k: v for k, v in r.items() if k != "tbm_us"}) + "\n")
-    print(report(records, results, {s.strip() for s in args.show.split(",") if s.strip()}, args.strict))
+                out.write(json.dumps({"draft": draft, **{k: v for k, v in r.items() if k != "tbm_us"}}) + "\n")
+        print(report(records, results, {s.strip() for s in args.show.split(",") if s.strip()}, args.strict), "\n", flush=True)
+    if out:
+        out.close()
 
 
 if __name__ == "__main__":

@@ -51,6 +51,11 @@ class SamplingParams:
     json_schema: str | dict[str, Any] | bool | None = None
     # OpenAI "strict" flag of response_format.json_schema; the grammar compiler may pick the strict style.
     json_schema_strict: bool = False
+    # The draft of a json_schema without "$schema" ("draft-04", "draft-06", "draft-07", "2019-09",
+    # "2020-12"; None: formcast's default, 2020-12 rules plus the older spellings), and whether
+    # "format" is asserted ("assert", the default: right for generation) or an annotation.
+    json_schema_draft: str | None = None
+    json_schema_formats: str = "assert"
     regex: str | None = None
     ebnf: str | None = None
     structural_tag: str | dict[str, Any] | None = None
@@ -146,6 +151,14 @@ class SamplingParams:
             raise InvalidSamplingParams(given[1], f"only one of {', '.join(GRAMMAR_FIELDS)} may be set, got {given}")
         if self.json_schema is not None and not isinstance(self.json_schema, (str, dict, bool)):
             raise InvalidSamplingParams("json_schema", "must be a JSON string, an object or a boolean")
+        from grammar.json_schema.drafts import DRAFT_NAMES, FORMAT_MODES, draft_named
+
+        try:
+            draft_named(self.json_schema_draft)
+        except ValueError:
+            raise InvalidSamplingParams("json_schema_draft", f"must be one of {', '.join(DRAFT_NAMES)} or null, got {self.json_schema_draft!r}") from None
+        if self.json_schema_formats not in FORMAT_MODES:
+            raise InvalidSamplingParams("json_schema_formats", f"must be 'assert' or 'annotate', got {self.json_schema_formats!r}")
         for name in ("regex", "ebnf"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
@@ -208,6 +221,8 @@ _DIRECT_FIELDS = {
     "regex": "regex",
     "ebnf": "ebnf",
     "json_schema": "json_schema",
+    "json_schema_draft": "json_schema_draft",
+    "json_schema_formats": "json_schema_formats",
     "structural_tag": "structural_tag",
     "grammar_compile_timeout": "grammar_compile_timeout",
     "return_hidden_states": "return_hidden_states",
@@ -220,7 +235,8 @@ def to_sampling_params(request: dict[str, Any]) -> SamplingParams:
     * ``max_completion_tokens`` (chat) wins over ``max_tokens``; absent -> no limit (``None``).
     * ``logprobs``: chat sends a bool plus ``top_logprobs``; completions sends an int N (top-N).
     * ``response_format``: ``json_schema`` -> ``json_schema`` = its ``schema`` (``strict`` is kept in
-      ``json_schema_strict``); ``json_object`` -> ``{"type": "object"}``; ``text`` -> nothing;
+      ``json_schema_strict``; a schema without ``$schema`` follows formcast's default draft, 2020-12
+      with the older spellings, unless the ``json_schema_draft`` extension names one); ``json_object`` -> ``{"type": "object"}``; ``text`` -> nothing;
       ``structural_tag`` (SGLang extension) -> ``structural_tag`` = the whole object.
     * ``tool_choice`` with ``tools``: ``"none"``/``"auto"``/absent add no constraint (a free choice
       between text and a call depends on the chat template's call syntax, which is the chat

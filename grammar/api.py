@@ -86,9 +86,13 @@ def compile_json_schema(
     strict_properties: bool = False,
     max_whitespace: int | None = None,
     relax_keywords: Iterable[str] = (),
+    json_schema_draft: str | None = None,
+    json_schema_formats: str = "assert",
     budget: CompileBudget | None = None,
 ) -> CompiledGrammar:
-    """A grammar accepting JSON documents valid against ``schema`` (see ``json_schema``)."""
+    """A grammar accepting JSON documents valid against ``schema`` (see ``json_schema``).
+    ``json_schema_draft``: the draft of a schema without ``$schema`` (None: formcast's default,
+    2020-12 with the older spellings); ``json_schema_formats``: "assert" or "annotate"."""
     from .json_schema import json_schema_to_grammar
 
     limit = (budget or CompileBudget()).max_nesting_depth
@@ -106,6 +110,10 @@ def compile_json_schema(
     # Key order matters (properties are emitted in their listed order): never sort keys here.
     source = json.dumps(schema)
     options: dict[str, Any] = dict(whitespace=whitespace, strict_properties=strict_properties, relax_keywords=tuple(sorted(relax_keywords)))
+    if json_schema_draft is not None:
+        options["draft"] = json_schema_draft
+    if json_schema_formats != "assert":
+        options["formats"] = json_schema_formats
     if max_whitespace is not None:
         options["max_whitespace"] = max_whitespace
     return _compile(

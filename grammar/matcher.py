@@ -4,7 +4,10 @@ It is a stack of automaton states, one per accepted token, so ``rollback(n)`` (s
 decoding) is a pop and ``copy()`` is cheap. Masks come from the compiled grammar's per-state
 cache; the matcher only copies a row into the caller's bitmask. A grammar with a text check
 (``text_check``: JSON Schema's ``uniqueItems``) adds a parallel stack of immutable check
-states, popped and copied with the automaton states, and clears the tokens the check bans.
+states, popped and copied with the automaton states. The check may add marks to the text the
+automaton reads (a duplicate item), so the automaton decides which branches survive them; the
+matcher clears the tokens whose marked text the automaton refuses, and the check's reserved
+tokens.
 """
 
 from __future__ import annotations
@@ -69,14 +72,16 @@ class GrammarMatcher:
         if token_id in self.compiled.eos_token_ids:
             if not self.compiled.is_accepting(self.state):
                 return False
-            self._push(self.state, b"")
+            self._push(self.state, self._checks[-1] if self._check is not None else None)
             self._terminated = True
             self._terminated_at = len(self._states)
             return True
+        if self._check is not None:
+            return self._push_checked(self.compiled.vocab.token_bytes[token_id], token_id)
         nxt = self.compiled.next_state(self.state, token_id)
         if nxt == DEAD:
             return False
-        return self._push(nxt, self.compiled.vocab.token_bytes[token_id])
+        return self._push(nxt, None)
 
     def accept_bytes(self, data: bytes | str) -> bool:
         """Advance by raw bytes (counted as one step for rollback); all or nothing."""
@@ -84,17 +89,34 @@ class GrammarMatcher:
             return False
         if isinstance(data, str):
             data = data.encode("utf-8")
+        if self._check is not None:
+            return self._push_checked(data, None)
         nxt = self.compiled.step_bytes(self.state, data)
         if nxt == DEAD:
             return False
-        return self._push(nxt, data)
+        return self._push(nxt, None)
 
-    def _push(self, state: int, data: bytes) -> bool:
-        if self._check is not None:
-            checked = self._check.feed(self._checks[-1], data)
-            if checked is None:
+    def _push_checked(self, data: bytes, token_id: int | None) -> bool:
+        """The automaton reads the text with the check's marks. Marks are optional wherever the
+        grammar allows them, so text it refuses unmarked it refuses marked: the check only ever
+        scans text the grammar accepts."""
+        compiled = self.compiled
+        nxt = compiled.next_state(self.state, token_id) if token_id is not None else compiled.step_bytes(self.state, data)
+        if nxt == DEAD:
+            return False
+        fed = self._check.feed(self._checks[-1], data)
+        if fed is None:
+            return False
+        check_state, marked = fed
+        if len(marked) != len(data):
+            nxt = compiled.step_bytes(self.state, marked)
+            if nxt == DEAD:
                 return False
-            self._checks.append(checked)
+        return self._push(nxt, check_state)
+
+    def _push(self, state: int, check_state) -> bool:
+        if self._check is not None:
+            self._checks.append(check_state)
         self._states.append(state)
         limit = self.max_rollback_tokens
         if limit is not None and len(self._states) > limit + 1:
@@ -141,13 +163,17 @@ class GrammarMatcher:
         """Clear the bits of the tokens the text check bans."""
         from .bitmask import allowed_token_ids
 
+        vocab = self.compiled.vocab
+        _clear(target, self._check.reserved(vocab.token_bytes))
         state = self._checks[-1]
         if not self._check.may_ban(state):
             return
-        vocab = self.compiled.vocab
-        banned = self._check.banned(state, vocab.token_bytes, allowed_token_ids(target, vocab.vocab_size))
-        for t in banned.tolist():
-            target[t >> 5] &= np.int32(np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF).view(np.int32))
+        compiled, here = self.compiled, self.state
+
+        def alive(marked: bytes) -> bool:
+            return compiled.step_bytes(here, marked) != DEAD
+
+        _clear(target, self._check.banned(state, vocab.token_bytes, allowed_token_ids(target, vocab.vocab_size), alive))
 
     def get_next_token_bitmask(self) -> np.ndarray:
         """A fresh copy of the current row."""
@@ -166,17 +192,27 @@ class GrammarMatcher:
 
     def _checked(self, data: bytes) -> bytes:
         """The longest prefix of forced ``data`` the text check accepts."""
-        if self._check is None or self._check.feed(self._checks[-1], data) is not None:
-            return data
-        while data and self._check.feed(self._checks[-1], data) is None:
+        while data and not self._admits(data):
             data = _complete_utf8_prefix(data[:-1])
         return data
+
+    def _admits(self, data: bytes) -> bool:
+        if self._check is None:
+            return True
+        fed = self._check.feed(self._checks[-1], data)
+        return fed is not None and (len(fed[1]) == len(data) or self.compiled.step_bytes(self.state, fed[1]) != DEAD)
 
     def shortest_completion(self) -> bytes:
         """One shortest byte string that completes the match from here (b"" if complete)."""
         if self._terminated:
             return b""
         return self.compiled.shortest_completion(self.state)
+
+
+def _clear(target: np.ndarray, token_ids: np.ndarray) -> None:
+    for t in token_ids.tolist():
+        if (t >> 5) < target.shape[0]:
+            target[t >> 5] &= np.int32(np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF).view(np.int32))
 
 
 def _complete_utf8_prefix(data: bytes) -> bytes:

@@ -46,9 +46,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # CI runs the property tests with a fixed derandomized seed, so a submission's verdict does not
-# depend on the draw; local runs keep exploring new examples every time.
+# depend on the draw; local runs keep exploring new examples every time. ``make test-random``
+# selects the "random" profile (FORMCAST_HYPOTHESIS_PROFILE, even under CI): fresh seeds, and
+# more examples where tests size them with ``property_budget.examples``.
 settings.register_profile("ci", derandomize=True, deadline=None)
-if os.environ.get("CI"):
+settings.register_profile("random", derandomize=False, deadline=None, print_blob=True)
+if os.environ.get("FORMCAST_HYPOTHESIS_PROFILE"):
+    settings.load_profile(os.environ["FORMCAST_HYPOTHESIS_PROFILE"])
+elif os.environ.get("CI"):
     settings.load_profile("ci")
 
 

@@ -25,9 +25,10 @@ from grammar import GrammarBudgetError, SchemaError, TokenVocabulary, Unsupporte
 from grammar.compiler import compile_grammar
 from grammar.json_schema import json_schema_to_grammar
 from grammar.matcher import GrammarMatcher
+from property_budget import examples
 
 BYTES = TokenVocabulary.byte_level()
-SETTINGS = settings(max_examples=70, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(max_examples=examples(70), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 KEYS = ["a", "b", "c"]
 STRINGS = ["", "a", "b", "ab", "ba", "abc"]
 NUMBERS = [-1, 0, 1, 1.5, 2, 3, 4.5, 6]

@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 
 from grammar import SchemaError, TokenVocabulary
 from grammar.json_schema import json_schema_to_grammar
+from property_budget import examples
 
 BYTES = TokenVocabulary.byte_level()
-SETTINGS = settings(max_examples=60, deadline=None)
+SETTINGS = settings(max_examples=examples(60), deadline=None)
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(min_value=-1e15, max_value=1e15) | st.text(max_size=8),

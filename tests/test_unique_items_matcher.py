@@ -138,7 +138,12 @@ def _assert_bans_match_simulation(compiled, prefixes: list[bytes]) -> None:
         assert m.accept_bytes(prefix), prefix
         state = m._checks[-1]
         grammar_ok = np.array([t for t in range(VOCAB.vocab_size) if VOCAB.token_bytes[t] and compiled.next_state(m.state, t) >= 0])
-        fast = set(check.banned(state, VOCAB.token_bytes, grammar_ok).tolist())
+        here = m.state
+
+        def alive(marked: bytes) -> bool:
+            return compiled.step_bytes(here, marked) >= 0
+
+        fast = set(check.banned(state, VOCAB.token_bytes, grammar_ok, alive).tolist())
         slow = {t for t in grammar_ok.tolist() if not m.copy().accept_token(t)}
         assert fast == slow, (prefix, sorted(VOCAB.token_bytes[t] for t in fast ^ slow)[:5])
 

@@ -2,7 +2,8 @@
 entry point (the Engine's scheduler, the server, the CLI and the ``transformers`` processor).
 
 * ``json_schema`` (object, JSON text or boolean; ``json_schema_strict`` selects the strict
-  properties style), ``regex`` (full match), ``ebnf`` (XGrammar/GBNF dialect), ``structural_tag``
+  properties style, ``json_schema_draft`` the draft of a schema without ``$schema``,
+  ``json_schema_formats`` whether ``format`` is asserted), ``regex`` (full match), ``ebnf`` (XGrammar/GBNF dialect), ``structural_tag``
   (SGLang's ``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}``).
 * ``submit`` compiles on a small worker pool and returns a future; concurrent requests for the
   same constraint share one compile, and the outcome (grammar or error) is kept in an LRU, so a
@@ -54,8 +55,8 @@ class GrammarBackend:
         kind, source = spec
         if not isinstance(source, str):
             source = json.dumps(source)  # key order matters for JSON schemas: never sort
-        strict = params.json_schema_strict if kind == "json_schema" else False
-        return kind, source, strict, params.grammar_compile_timeout
+        options = (params.json_schema_strict, params.json_schema_draft, params.json_schema_formats) if kind == "json_schema" else None
+        return kind, source, options, params.grammar_compile_timeout
 
     def submit(self, params: SamplingParams) -> Future | None:
         """A future of the compiled grammar (its exception is an ``InvalidGrammar``)."""
@@ -92,10 +93,10 @@ class GrammarBackend:
         return budget
 
     def _compile_key(self, key: tuple) -> grammar.CompiledGrammar:
-        kind, source, strict, timeout = key
+        kind, source, options, timeout = key
         start = time.perf_counter()
         try:
-            return self._compile(kind, source, strict, self.budget_for(timeout))
+            return self._compile(kind, source, options, self.budget_for(timeout))
         except GrammarError as exc:
             self.stats["errors"] += 1
             if isinstance(exc, InvalidGrammar):
@@ -108,7 +109,7 @@ class GrammarBackend:
             for observe in self.compile_observers:
                 observe(kind, time.perf_counter() - start)
 
-    def _compile(self, kind: str, source: str, strict: bool, budget: CompileBudget) -> grammar.CompiledGrammar:
+    def _compile(self, kind: str, source: str, options: tuple | None, budget: CompileBudget) -> grammar.CompiledGrammar:
         vocab = self.vocab
         if kind == "regex":
             return grammar.compile_regex(source, vocab, budget=budget)
@@ -116,7 +117,10 @@ class GrammarBackend:
             return grammar.compile_ebnf(source, vocab, budget=budget)
         if kind == "json_schema":
             schema = _parse_json(kind, source)
-            return grammar.compile_json_schema(schema, vocab, strict_properties=strict, budget=budget)
+            strict, draft, formats = options
+            return grammar.compile_json_schema(
+                schema, vocab, strict_properties=strict, json_schema_draft=draft, json_schema_formats=formats, budget=budget
+            )
         if kind == "structural_tag":
             tags, triggers = _structural_tag(_parse_json(kind, source))
             return grammar.compile_structural_tag(tags, triggers, vocab, budget=budget)

@@ -1,9 +1,10 @@
-"""JSON Schema (2020-12, plus draft-07 / 2019-09 spellings) -> grammar IR.
+"""JSON Schema (draft-04, -06, -07, 2019-09, 2020-12) -> grammar IR.
 
 Public entry point: :func:`json_schema_to_grammar`. The data flow, one module per step:
 
-    refs       load, metaschema check (ECMA regexes), $ref / $dynamicRef normalization
-    schema_denoter      schema objects -> denotations (every keyword, combinators included)
+    drafts     which draft applies ($schema, else the ``draft`` option) and what its rules change
+    refs       load, metaschema check (ECMA regexes), $ref / $dynamicRef / $recursiveRef normalization
+    schema_denoter  schema objects -> denotations (every keyword, combinators included)
       keywords   the local keywords of one schema object (type, enum/const, each type's own)
     denotation_algebra  the denotation algebra: intersection, union, complement, oneOf, a and not b
       exprs      lazy subschema expressions (Ptr / Const / And / Or / Not) inside conjunctions
@@ -14,7 +15,7 @@ Public entry point: :func:`json_schema_to_grammar`. The data flow, one module pe
     lower      denotations -> IR (memoized per expression and per denotation; cycles -> rules)
       objects, arrays, strings, numbers, formats, regex_format, layout
     unique     uniqueItems: small domains as automata, the rest as a matcher check:
-      unique_check   the incremental JSON scanner that bans tokens completing a duplicate item
+      unique_check   the incremental JSON scanner that marks duplicate items for the automaton
       unique_tokens  its per-vocabulary token indexes
       unique_values  JSON value equality (numbers as decimals and floats, objects unordered)
 
@@ -25,8 +26,14 @@ Decisions worth knowing (MaskBench dev samples, byte-level walk of
   else): all exact (``denotation_algebra``). ``unevaluatedProperties`` / ``unevaluatedItems`` are static
   (``schema_denoter``); ``$dynamicRef`` resolves per dynamic scope. ``uniqueItems`` is exact: an
   automaton of used values for small item domains, otherwise a check in the matcher
-  (``unique_check``). What cannot be complemented exactly (a negated ``uniqueItems`` or
-  ``format``, a union cut to a subset under budget) is refused where a complement is needed.
+  (``unique_check``) that writes a mark after each duplicate item, which only the branches
+  allowing duplicates accept: the check binds the branch and the array it was compiled for.
+  It is the only keyword enforced outside the automaton. What cannot be complemented exactly (a
+  negated ``uniqueItems`` or ``format``, a union cut to a subset under budget) is refused where
+  a complement is needed.
+- Drafts (``drafts``): ``$schema`` or the ``draft`` option selects a draft's own keywords and
+  rules (``$ref`` overriding its siblings up to draft-07, ``id``, ``$recursiveRef``); without
+  either, the 2020-12 rules apply, with the older spellings read where they cannot clash.
 - Properties are emitted in ``properties`` order (then ``required`` names not in
   ``properties``); extra keys may sit in any gap. An instance whose keys come in another order is
   rejected: a restriction of the output language, never an acceptance of invalid output.
@@ -38,13 +45,14 @@ Decisions worth knowing (MaskBench dev samples, byte-level walk of
   either case, surrogate pairs); lengths count characters. Several patterns, formats and length
   bounds intersect exactly through ``char_dfa`` (refused past its state budget).
 - ``format``: every 2020-12 format is enforced, several as safe subsets (``formats``); an unknown
-  name is an annotation (validators ignore it too). ``pattern`` follows ECMA-262; where Python's
+  name is an annotation (validators ignore it too). ``formats="annotate"`` ignores ``format``
+  altogether (the specification's default for validators). ``pattern`` follows ECMA-262; where Python's
   ``re`` (jsonschema) reads it differently, its complement is taken only over the characters on
   which both agree.
 - Unions past ``denotation_algebra.MAX_BRANCHES`` keep their simplest members (a marked subset, never
   complemented); lowering has a time budget; reference bombs meet MAX_WORK / MAX_NESTING.
-- ``nullable`` (OpenAPI) is not JSON Schema: ignored, like jsonschema does. ``$ref`` siblings
-  always apply (as in 2020-12, stricter than draft-07's "siblings ignored").
+- ``nullable`` (OpenAPI) is not JSON Schema: ignored, like jsonschema does. Without a named
+  draft, ``$ref`` siblings apply (as in 2020-12, stricter than draft-07's "siblings ignored").
 - A keyword that is not enforced exactly raises UnsupportedFeatureError naming it and its JSON
   pointer, unless listed in ``relax_keywords`` (then it is ignored). Annotations
   (``title``, ``description``, ``default``, ``examples``...) and unknown keywords are ignored,
@@ -60,10 +68,12 @@ from typing import Iterable
 from .. import ir
 from ..budget import recursion_room
 from ..errors import GrammarBudgetError, SchemaError
+from .drafts import check_formats, draft_named
 from .layout import Layout
-from .lower import Lowerer
+from .lower import MARK_RULE, Lowerer
 from .refs import Dynamic, load_schema, normalize_refs
 from .unique import build_check
+from .unique_check import MARK
 
 __all__ = ["json_schema_to_grammar"]
 
@@ -75,6 +85,8 @@ def json_schema_to_grammar(
     strict_properties: bool = False,
     max_whitespace: int | None = None,
     relax_keywords: Iterable[str] = (),
+    draft: str | None = None,
+    formats: str = "assert",
 ) -> ir.Grammar:
     """Lower a JSON Schema to a grammar accepting exactly the JSON texts valid against it.
 
@@ -82,17 +94,23 @@ def json_schema_to_grammar(
     tokens, default 20), ``"compact"`` (none) or an int indent width (``json.dumps(indent=n)``
     layout). ``strict_properties``: absent ``additionalProperties`` means ``false`` (OpenAI
     strict style) instead of the specification's ``true``. ``relax_keywords``: keywords to
-    ignore where they cannot be enforced exactly. Raises SchemaError (invalid or unsatisfiable
-    schema), UnsupportedFeatureError, GrammarBudgetError.
+    ignore where they cannot be enforced exactly. ``draft``: the draft of a schema without
+    ``$schema`` (``"draft-04"``, ``"draft-06"``, ``"draft-07"``, ``"2019-09"``, ``"2020-12"``;
+    None keeps formcast's default, see ``drafts``). ``formats``: ``"assert"`` (enforce ``format``)
+    or ``"annotate"`` (ignore it, the specification's default for validators). Raises
+    SchemaError (invalid or unsatisfiable schema, bad option), UnsupportedFeatureError,
+    GrammarBudgetError.
     """
     layout = Layout.from_option(whitespace, max_whitespace)
+    annotate = check_formats(formats) == "annotate"
+    draft_named(draft)  # a bad option is an error even where the schema names its draft
     # The metaschema check and the walker recurse a few frames per nested subschema; the
     # document's depth budget (checked first thing in load_schema) bounds how many.
     with recursion_room(20_000):
-        raw, validator_cls = load_schema(schema)
+        raw, validator_cls, named = load_schema(schema, draft)
         dynamic = Dynamic()
-        doc = normalize_refs(raw, dynamic)
-        lowerer = Lowerer(doc, validator_cls, layout, strict_properties, relax_keywords, dynamic)
+        doc = normalize_refs(raw, dynamic, named)
+        lowerer = Lowerer(doc, validator_cls, layout, strict_properties, relax_keywords, dynamic, named, annotate)
         root = lowerer.den.sub("")
         body = lowerer.value(root, 0)
         check = build_check(lowerer.den, root) if lowerer.has_unique else None
@@ -104,6 +122,9 @@ def json_schema_to_grammar(
     # only wastes its budget (leading whitespace stays allowed, as some models start with a newline).
     rules: dict[str, ir.Expr] = {"root": ir.seq(layout.outer(), body)}
     rules.update(lowerer.rules)
+    if lowerer.marks:
+        # Without a check nothing writes the mark: its rule matches nothing.
+        rules[MARK_RULE] = ir.Literal(bytes([MARK])) if check is not None else ir.NOTHING
     # References are checked once, where every grammar is compiled (RuleGraph.of): a second
     # walk of the whole IR here cost a twelfth of a typical schema's time to first mask.
     return ir.Grammar(rules, "root", "json_schema", check)

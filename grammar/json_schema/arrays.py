@@ -51,6 +51,8 @@ def array_expr(lw: "Lowerer", c: ArrConj, ptr: str, depth: int) -> ir.Expr:
             hi = len(pv) if hi is None else min(hi, len(pv))
         if hi is not None and c.lo > hi:
             return ir.NOTHING
+        if not c.unique:
+            pv, rv = [lw.item(e) for e in pv], lw.item(rv)
         body = _elements(0, max(c.lo, 1), hi, pv, rv, layout.sep(depth))
         empty_ok = c.lo == 0
     alts = [ir.seq(layout.open("[", depth), body, layout.close("]", depth))]
@@ -124,7 +126,7 @@ def _graph(lw: "Lowerer", c: ArrConj, ptr: str, depth: int, values: list | None)
                 if isinstance(v, ir.Nothing):
                     continue
                 j = node((nxt_idx, new_counts, new_used))
-                edges.append((i, ir.seq(lead, v), j))
+                edges.append((i, ir.seq(lead, v if c.unique else lw.item(v)), j))
         i += 1
     finals = frozenset(k for k, key in enumerate(order) if key[0] > 0 and done(key))
     empty_ok = done(order[0])

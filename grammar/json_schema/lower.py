@@ -43,7 +43,8 @@ _BUILDING = object()
 
 
 class Lowerer:
-    def __init__(self, doc: Any, validator_cls: type, layout: Layout, strict_properties: bool, relax: Iterable[str], dynamic=None) -> None:
+    def __init__(self, doc: Any, validator_cls: type, layout: Layout, strict_properties: bool, relax: Iterable[str], dynamic=None,
+                 draft=None, annotate_formats: bool = False) -> None:
         import jsonschema
 
         self.doc = doc
@@ -56,12 +57,15 @@ class Lowerer:
         # A partial over the relaxed set, not a bound method: the denoter holding the lowerer
         # would be a reference cycle keeping every compile's IR alive until the cyclic collector runs.
         self.refuse = functools.partial(refuse_unless_relaxed, self.relaxed)
-        self.den = Denoter(doc, validator, self.refuse, legacy_items=legacy, dynamic=dynamic)
+        self.den = Denoter(doc, validator, self.refuse, legacy_items=legacy, dynamic=dynamic, draft=draft, annotate_formats=annotate_formats)
         self._memo: dict[tuple[Expr, int], Any] = {}
         self._cycles: dict[tuple[Expr, int], str] = {}
         self._fresh = 0
         self._nesting = 0
         self.has_unique = False
+        # uniqueItems beyond the automaton: the matcher's check writes MARK after an item that
+        # repeats an earlier one, and only arrays that allow duplicates accept it (``item``).
+        self.marks = _mentions_unique(doc)
         self.approximated = False  # some denotation was cut to a subset (see denotation_algebra.KEEP_WHEN_CUT)
         self._strings: dict[StrSet, ir.Expr] = {}
         self._ref_targets: set[str] | None = None
@@ -72,6 +76,14 @@ class Lowerer:
         """An array whose items must be unique and cannot be enumerated: the matcher enforces it
         (``unique_check``); ``json_schema_to_grammar`` attaches the check."""
         self.has_unique = True
+
+    def item(self, v: ir.Expr) -> ir.Expr:
+        """An item of an array that allows duplicates: ``v``, then the check's duplicate mark
+        (where the schema has ``uniqueItems``). Unique arrays use ``v`` alone, so a duplicate
+        kills exactly the branches that forbid it (``unique_check``)."""
+        if not self.marks or isinstance(v, ir.Nothing):
+            return v
+        return ir.seq(v, ir.optional(ir.Ref(MARK_RULE)))
 
     def add_rule(self, prefix: str, expr: ir.Expr) -> ir.Expr:
         self._fresh += 1
@@ -187,12 +199,30 @@ class Lowerer:
         else:
             inner = self.any_value(depth + 1)
         sep = layout.sep(depth)
-        arr = ir.seq(layout.open("[", depth), inner, ir.star(ir.seq(sep, inner)), layout.close("]", depth))
+        item = self.item(inner)
+        arr = ir.seq(layout.open("[", depth), item, ir.star(ir.seq(sep, item)), layout.close("]", depth))
         kv = ir.seq(any_string(), layout.colon(), inner)
         obj = ir.seq(layout.open("{", depth), kv, ir.star(ir.seq(sep, kv)), layout.close("}", depth))
         scalars_ = [ir.literal("null"), ir.literal("true"), ir.literal("false"), numbers.JSON_NUMBER, any_string()]
         self.rules[name] = ir.choice(*scalars_, layout.empty("[]"), arr, layout.empty("{}"), obj)
         return ir.Ref(name)
+
+
+MARK_RULE = "unique_mark"
+
+
+def _mentions_unique(doc: Any) -> bool:
+    """Whether some object of the document has ``"uniqueItems": true``."""
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("uniqueItems") is True:
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
 
 
 def _ref_targets(doc: Any) -> set[str]:
@@ -227,4 +257,4 @@ def _small(expr: ir.Expr, budget: int = 24) -> bool:
     return True
 
 
-__all__ = ["Lowerer", "encode_value"]
+__all__ = ["Lowerer", "MARK_RULE", "encode_value"]

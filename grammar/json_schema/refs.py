@@ -26,6 +26,7 @@ from jsonschema import validators
 from ..budget import check_document_depth
 from ..caches import CACHES
 from ..errors import GrammarBudgetError, SchemaError, UnsupportedFeatureError
+from .drafts import RECURSIVE, Draft, draft_of
 
 DEFAULT_BASE = "https://formcast.invalid/schema.json"
 _SINGLE = ("additionalProperties", "additionalItems", "contains", "propertyNames", "not", "if", "then", "else",
@@ -37,8 +38,10 @@ _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSc
 _NAMED_SUBSCHEMAS = ("properties", "$defs", "definitions", "dependentSchemas")
 
 
-def load_schema(schema: dict | str | bool) -> tuple[Any, type]:
-    """Parse JSON text, check the schema against its metaschema, return it with its validator class."""
+def load_schema(schema: dict | str | bool, draft_option: str | None = None) -> tuple[Any, type, Draft | None]:
+    """Parse JSON text, check the schema against its metaschema, return it with its validator
+    class and its named draft (``drafts.draft_of``): the class of its ``$schema``, else of the
+    option's draft, else 2020-12 (or draft-07 for a schema only draft-07 accepts)."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -49,21 +52,23 @@ def load_schema(schema: dict | str | bool) -> tuple[Any, type]:
     if not isinstance(schema, (dict, bool)):
         raise SchemaError(f"a schema must be an object or a boolean, got {type(schema).__name__}")
     check_document_depth(schema, "the schema document")  # before the metaschema check recurses over it
-    cls = validators.validator_for(schema, default=jsonschema.Draft202012Validator) if isinstance(schema, dict) else jsonschema.Draft202012Validator
+    draft = draft_of(schema, draft_option)
+    default = draft.validator if draft is not None else jsonschema.Draft202012Validator
+    cls = validators.validator_for(schema, default=default) if isinstance(schema, dict) else default
     if _valid_node_by_node(cls, schema):
-        return schema, cls
+        return schema, cls, draft
     distinct = _distinct_subschemas(schema)
     error = _check_schema(cls, distinct)
     if error is not None:
         # Schemas in the wild often use draft-07 spellings without saying so.
-        if isinstance(schema, dict) and "$schema" not in schema and (
+        if isinstance(schema, dict) and "$schema" not in schema and draft is None and (
             _valid_node_by_node(jsonschema.Draft7Validator, schema)
             or _check_schema(jsonschema.Draft7Validator, distinct) is None
         ):
-            return schema, jsonschema.Draft7Validator
+            return schema, jsonschema.Draft7Validator, draft
         where = "/" + "/".join(str(p) for p in error.path)
         raise SchemaError(f"invalid schema at {where}: {error.message}") from error
-    return schema, cls
+    return schema, cls, draft
 
 
 # Keywords whose value every supported draft's metaschema requires to be a schema, a list of
@@ -252,19 +257,25 @@ class Dynamic:
         return pointer
 
 
-def normalize_refs(schema: Any, dynamic: Dynamic | None = None) -> Any:
+def normalize_refs(schema: Any, dynamic: Dynamic | None = None, draft: Draft | None = None) -> Any:
     """A copy of ``schema`` where each ``$ref`` is a root pointer ``#/...`` (see module doc);
-    ``dynamic`` is filled for ``$dynamicRef``."""
+    ``dynamic`` is filled for ``$dynamicRef`` (and 2019-09's ``$recursiveRef``). Under a named
+    ``draft``, identifiers follow its rules (``drafts``)."""
     doc = copy.deepcopy(schema)
     if not isinstance(doc, dict):
         return doc
+    id_key = draft.id_keyword if draft is not None else "$id"
+    recursive = draft is not None and draft.name == "2019-09"
+    dynamic_kw = draft is None or draft.name == "2020-12"
     resources: dict[str, str] = {}  # base URI -> pointer of the resource root
     anchors: dict[tuple[str, str], str] = {}
     dyn_anchors: dict[str, dict[str, str]] = {}
     refs: list[tuple[dict, str]] = []  # (node, base) whose $ref needs rewriting
     dyn_refs: list[tuple[dict, str, str]] = []  # (node, base, pointer) with a $dynamicRef
 
-    root_base = urldefrag(urljoin(DEFAULT_BASE, doc["$id"]))[0] if isinstance(doc.get("$id"), str) else DEFAULT_BASE
+    root_base = DEFAULT_BASE
+    if isinstance(doc.get(id_key), str) and not (draft is not None and draft.ref_overrides and "$ref" in doc):
+        root_base = urldefrag(urljoin(DEFAULT_BASE, doc[id_key]))[0] or DEFAULT_BASE
     resources[root_base] = ""
     # Depth first in document order, with a stack (a recursive closure would be a reference cycle
     # holding the whole document until the cyclic collector runs).
@@ -273,18 +284,27 @@ def normalize_refs(schema: Any, dynamic: Dynamic | None = None) -> Any:
         node, pointer, base = stack.pop()
         if not isinstance(node, dict):
             continue
-        if isinstance(node.get("$id"), str):
-            uri, frag = urldefrag(_join(base, node["$id"]))
+        if not dynamic_kw:  # unknown keywords before 2020-12
+            node.pop("$dynamicRef", None)
+            node.pop("$dynamicAnchor", None)
+        # Up to draft-07, $ref overrides its siblings: a sibling $id changes no base URI.
+        ids_apply = not (draft is not None and draft.ref_overrides and "$ref" in node)
+        if ids_apply and isinstance(node.get(id_key), str):
+            uri, frag = urldefrag(_join(base, node[id_key]))
             if uri:
                 base = uri
                 resources.setdefault(base, pointer)
             if frag and not frag.startswith("/"):  # draft-07 "$id": "#anchor"
                 anchors[(base, frag)] = pointer
-        for key in ("$anchor", "$dynamicAnchor"):
+        for key in ("$anchor", "$dynamicAnchor") if ids_apply else ():
             if isinstance(node.get(key), str):
                 anchors[(base, node[key])] = pointer
         if isinstance(node.get("$dynamicAnchor"), str):
             dyn_anchors.setdefault(resources[base], {})[node["$dynamicAnchor"]] = pointer
+        if recursive and node.get("$recursiveAnchor") is True and resources.get(base) == pointer:
+            dyn_anchors.setdefault(pointer, {})[RECURSIVE] = pointer
+        if recursive and isinstance(node.get("$recursiveRef"), str):
+            dyn_refs.append((node, base, pointer))
         if isinstance(node.get("$ref"), str):
             refs.append((node, base))
         if isinstance(node.get("$dynamicRef"), str):
@@ -293,6 +313,15 @@ def normalize_refs(schema: Any, dynamic: Dynamic | None = None) -> Any:
     for node, base in refs:
         node["$ref"] = "#" + _target(node["$ref"], base, resources, anchors, doc)
     for node, base, pointer in dyn_refs:
+        if "$recursiveRef" in node:
+            # 2019-09: dynamic when its target (a resource root) says $recursiveAnchor: true.
+            target = _target(node.pop("$recursiveRef"), base, resources, anchors, doc)
+            node_at = resolve_pointer(doc, target)
+            name = RECURSIVE if isinstance(node_at, dict) and node_at.get("$recursiveAnchor") is True else None
+            node["$dynamicRef"] = "#" + target
+            if dynamic is not None:
+                dynamic.refs[pointer] = (target, name)
+            continue
         ref = node["$dynamicRef"]
         target = _target(ref, base, resources, anchors, doc)
         name = unquote(urldefrag(_join(base, ref))[1])
@@ -304,7 +333,7 @@ def normalize_refs(schema: Any, dynamic: Dynamic | None = None) -> Any:
     if dynamic is not None:
         dynamic.anchors = dyn_anchors
         dynamic.roots = frozenset(resources.values())
-    _strip_ids(doc)
+    _strip_ids(doc, id_key)
     return doc
 
 
@@ -330,10 +359,10 @@ def _target(ref: str, base: str, resources: dict[str, str], anchors: dict[tuple[
     return anchors[(uri, frag)]
 
 
-def _strip_ids(node: Any) -> None:
+def _strip_ids(node: Any, id_key: str = "$id") -> None:
     if isinstance(node, dict):
-        for key in ("$id", "$anchor", "$dynamicAnchor", "$schema"):
+        for key in ("$id", "$anchor", "$dynamicAnchor", "$schema", id_key):
             if isinstance(node.get(key), str):
                 del node[key]
         for child, _ in _subschemas(node, ""):
-            _strip_ids(child)
+            _strip_ids(child, id_key)

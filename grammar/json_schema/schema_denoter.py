@@ -28,6 +28,7 @@ from ..errors import GrammarBudgetError, SchemaError
 from .conjs import ArrConj, KeyLang, ObjConj
 from .denotation_algebra import BOTTOM, CLOCK, TOP, Denot, but, conj, conj_not, disj, exactly_one, neg, only, unannotated, value_denot
 from .exprs import FALSE, TRUE, And, Bool, Const, Expr, Not, Or, Ptr, holds, or_
+from .drafts import Draft, view
 from .keywords import local
 from .refs import Dynamic, pointer_escape, resolve_pointer
 
@@ -42,8 +43,11 @@ RefuseAt = Callable[[str, str, str], None]  # (keyword, pointer, why)
 
 
 class Denoter:
-    def __init__(self, doc: Any, validator: Any, refuse: RefuseAt, legacy_items: bool, dynamic: Dynamic | None = None) -> None:
+    def __init__(self, doc: Any, validator: Any, refuse: RefuseAt, legacy_items: bool, dynamic: Dynamic | None = None,
+                 draft: Draft | None = None, annotate_formats: bool = False) -> None:
         self.doc = doc
+        self.draft = draft  # None: formcast's default (2020-12 plus older spellings)
+        self.annotate_formats = annotate_formats
         self.dynamic = dynamic or Dynamic()
         # Dynamic anchor names some bookended $dynamicRef resolves: the only ones a scope binds.
         self._dyn_names = frozenset(n for _, n in self.dynamic.refs.values() if n is not None)
@@ -176,6 +180,8 @@ class Denoter:
             return BOTTOM
         if not isinstance(s, dict):
             raise SchemaError(f"schema at {ptr or '/'} must be an object or a boolean")
+        if self.draft is not None or self.annotate_formats:
+            s = view(s, self.draft, self.annotate_formats)
         track = track or "unevaluatedProperties" in s or "unevaluatedItems" in s
         d = local(self, s, ptr, scope)
         for step in (self._refs, self._all_of, self._any_of, self._one_of, self._not, self._conditional, self._dependent_schemas):

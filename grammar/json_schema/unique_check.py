@@ -1,18 +1,27 @@
-"""``uniqueItems`` in the matcher: a JSON scanner that refuses an item equal to an earlier one.
+"""``uniqueItems`` in the matcher: a JSON scanner that marks every item equal to an earlier one.
 
 Uniqueness of items from an infinite domain is not regular, so the grammar accepts duplicates and
-this :class:`~grammar.text_check.TextCheck` rejects them. *Where* arrays must be unique comes from
-the structure graph of ``unique`` (each open container holds the set of graph nodes that apply to
-it). *What* is checked here: an incremental JSON scanner over the bytes the grammar accepted. When an item of a
-  unique array completes (closing quote, closing bracket, the end of a number or literal), its
-  text is parsed and compared by JSON value with the earlier items: numbers are equal when equal
-  as exact decimals *or* as floats (what jsonschema compares), objects regardless of key order,
-  and ``true`` is not ``1``.
+this :class:`~grammar.text_check.TextCheck` finds them. *Where* arrays may have to be unique
+comes from the structure graph of ``unique`` (each open container holds the set of graph nodes
+that apply to it, every branch of a union included). *What* is checked here: an incremental
+JSON scanner over the bytes the grammar accepted. When an item of such an array completes
+(closing quote, closing bracket, the end of a number or literal), its text is parsed and
+compared by JSON value with the earlier items: numbers are equal when equal as exact decimals
+*or* as floats (what jsonschema compares), objects regardless of key order, and ``true`` is not
+``1``.
+
+A duplicate is not refused here: the scanner writes the byte ``MARK`` (0xFF, never part of UTF-8
+text) right after the item into what the automaton reads. The lowering lets only arrays that
+allow duplicates accept the mark (``Lowerer.item``), so the automaton itself drops exactly the
+branches that required *this* array to be unique and keeps the others (``anyOf: [{}, {uniqueItems:
+true, ...}]`` accepts ``[1, 1]`` through its first branch). Each array has its own marks, so
+nested arrays, ``oneOf``, ``not``-free ``if``/``then``/``else`` and object properties follow.
+Tokens holding a raw 0xFF byte are never allowed (``reserved``).
 
 Scanner states are immutable (the text so far is a linked list of chunks), so matchers copy and
 roll back by keeping references. ``banned`` simulates the allowed tokens that could complete an
-item (a quote inside a string, a delimiter after a number...) and returns those that complete a
-duplicate. Token indexes per vocabulary live in ``unique_tokens``, value equality in
+item (a quote inside a string, a delimiter after a number...), and bans those whose marked text
+the automaton refuses. Token indexes per vocabulary live in ``unique_tokens``, value equality in
 ``unique_values``.
 """
 
@@ -21,16 +30,17 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from .unique_tokens import byte_index, closing_index, closing_more
+from .unique_tokens import byte_index, closing_index, closing_more, reserved_tokens
 from .unique_values import equality_keys
 
 if TYPE_CHECKING:
     from .unique import Node
 
+MARK = 0xFF  # written after a duplicate item; no UTF-8 text contains this byte
 VALUE, AFTER, KEY_FIRST, KEY, COLON, STRING, NUMBER, LITERAL, DONE = range(9)
 _WS = frozenset(b" \t\n\r")
 _NUMBER_CHARS = frozenset(b"0123456789+-.eE")
@@ -82,10 +92,6 @@ class ScanState:
     root_done: bool = False
 
 
-class _Violation(Exception):
-    pass
-
-
 class UniqueItemsCheck:
     """The :class:`~grammar.text_check.TextCheck` of a schema with ``uniqueItems``."""
 
@@ -125,6 +131,10 @@ class UniqueItemsCheck:
         byte_index(token_bytes)
         closing_index(token_bytes)
         closing_more(token_bytes)
+        reserved_tokens(token_bytes)
+
+    def reserved(self, token_bytes: list[bytes]) -> np.ndarray:
+        return reserved_tokens(token_bytes)
 
     def start(self) -> ScanState:
         return ScanState()
@@ -132,37 +142,43 @@ class UniqueItemsCheck:
     def may_ban(self, state: ScanState) -> bool:
         return any(f.unique and f.seen for f in state.frames)
 
-    def feed(self, state: ScanState, data: bytes) -> ScanState | None:
+    def feed(self, state: ScanState, data: bytes) -> tuple[ScanState, bytes] | None:
         if not data:
-            return state
-        try:
-            return _Scan(self, state, data).run()
-        except _Violation:
-            return None
+            return state, data
+        if MARK in data:
+            return None  # the mark is the check's to write, never the model's
+        return _Scan(self, state, data).run()
 
-    def banned(self, state: ScanState, token_bytes: list[bytes], allowed: np.ndarray) -> np.ndarray:
+    def banned(
+        self, state: ScanState, token_bytes: list[bytes], allowed: np.ndarray, alive: Callable[[bytes], bool]
+    ) -> np.ndarray:
         if not self.may_ban(state):
             return np.zeros(0, dtype=np.int64)
         quick = _string_item_bans(state, token_bytes)
         if quick is not None:
-            bans = _members(quick, allowed)
+            candidates = _members(quick, allowed)
             if any(g.unique and g.seen for g in state.frames[:-1]):
                 # An enclosing unique array has items: a token that goes on past the closing
                 # quote (closing brackets, another string) may complete one of its items too.
                 more = allowed[closing_more(token_bytes)[allowed]]
-                extra = [t for t in more.tolist() if self.feed(state, token_bytes[t]) is None]
-                bans = np.union1d(bans, np.array(extra, dtype=np.int64))
-            return bans
-        has = byte_index(token_bytes)
-        mask = np.zeros(len(allowed), dtype=bool)
-        for b in _enders(state.mode):
-            if b == ord('"') and state.mode != STRING:
-                # Outside a string, a string item completes only if the token both opens and
-                # closes it: one quote alone cannot complete anything here.
-                mask |= closing_more(token_bytes)[allowed] & has[b][allowed]
-                continue
-            mask |= has[b][allowed]
-        out = [t for t in allowed[mask].tolist() if self.feed(state, token_bytes[t]) is None]
+                candidates = np.union1d(candidates, more)
+        else:
+            has = byte_index(token_bytes)
+            mask = np.zeros(len(allowed), dtype=bool)
+            for b in _enders(state.mode):
+                if b == ord('"') and state.mode != STRING:
+                    # Outside a string, a string item completes only if the token both opens and
+                    # closes it: one quote alone cannot complete anything here.
+                    mask |= closing_more(token_bytes)[allowed] & has[b][allowed]
+                    continue
+                mask |= has[b][allowed]
+            candidates = allowed[mask]
+        out = []
+        for t in candidates.tolist():
+            data = token_bytes[t]
+            fed = self.feed(state, data)
+            if fed is None or (len(fed[1]) != len(data) and not alive(fed[1])):
+                out.append(t)
         return np.array(out, dtype=np.int64)
 
 
@@ -218,12 +234,23 @@ class _Scan:
         self.root_done = s.root_done
         self.text = _Text(s.text, data, s.pos + len(data))
         self.data = data
+        self.base = s.pos
+        self.marks: list[int] = []  # offsets into ``data`` where a duplicate item ends
 
-    def run(self) -> ScanState:
+    def run(self) -> tuple[ScanState, bytes]:
         for b in self.data:
             self.byte(b)
             self.pos += 1
-        return ScanState(self.mode, tuple(self.frames), self.text, self.pos, self.lex_start, self.is_key, self.esc, self.lit, self.root_done)
+        state = ScanState(self.mode, tuple(self.frames), self.text, self.pos, self.lex_start, self.is_key, self.esc, self.lit, self.root_done)
+        data = self.data
+        if self.marks:
+            parts, last = [], 0
+            for at in self.marks:
+                parts += [data[last:at], bytes([MARK])]
+                last = at
+            parts.append(data[last:])
+            data = b"".join(parts)
+        return state, data
 
     def byte(self, b: int) -> None:
         mode = self.mode
@@ -302,14 +329,16 @@ class _Scan:
         self.complete(self.pos + 1)
 
     def complete(self, end: int) -> None:
-        """A value ended just before ``end``: check it against its unique array's items."""
+        """A value ended just before ``end``: compare it with its array's earlier items, and
+        mark it there if it repeats one."""
         if self.frames:
             f = self.frames[-1]
             if f.array and f.unique:
                 keys = equality_keys(_slice(self.text, f.item_start, end))
                 if keys & f.seen:
-                    raise _Violation()
-                self.frames[-1] = replace(f, seen=f.seen | keys)
+                    self.marks.append(end - self.base)
+                else:
+                    self.frames[-1] = replace(f, seen=f.seen | keys)
             self.mode = AFTER
         else:
             self.mode = DONE

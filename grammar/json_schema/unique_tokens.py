@@ -5,6 +5,7 @@ for looking up which tokens, read inside a string item, would close it with a gi
 ``byte_index``: which tokens contain each byte that can complete an item (a cheap filter before
 the tokens are simulated). ``closing_more``: tokens that, read inside a string, could complete
 more than that string (another quote or a closing bracket after the first quote).
+``reserved_tokens``: the tokens holding the duplicate mark's byte, never allowed.
 """
 
 from __future__ import annotations
@@ -86,3 +87,19 @@ def closing_more(token_bytes: list[bytes]) -> np.ndarray:
     with _INDEX_LOCK:
         _MORE[id(token_bytes)] = (token_bytes, index)
     return index
+
+
+_RESERVED: dict[int, tuple[list[bytes], np.ndarray]] = {}
+
+
+def reserved_tokens(token_bytes: list[bytes]) -> np.ndarray:
+    """Ids of the tokens holding the byte 0xFF, the check's duplicate mark (once per vocabulary):
+    the grammar accepts that byte only as the mark, so these tokens are never allowed."""
+    with _INDEX_LOCK:
+        hit = _RESERVED.get(id(token_bytes))
+        if hit is not None and hit[0] is token_bytes:
+            return hit[1]
+    ids = np.array([t for t, data in enumerate(token_bytes) if 0xFF in data], dtype=np.int64)
+    with _INDEX_LOCK:
+        _RESERVED[id(token_bytes)] = (token_bytes, ids)
+    return ids
