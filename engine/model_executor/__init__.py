@@ -1,1 +1,1 @@
-"""Where a model runs: ``ForwardBatch`` (tensors only) in, ``LogitsProcessorOutput`` out."""
+"""Where a model runs: ``ForwardBatch`` (``engine/forward``) in, ``LogitsProcessorOutput`` out."""
