@@ -19,9 +19,10 @@ threads, greedy:
   (formcast: one batched ``generate``; llama.cpp: one request after another): records/s and how
   many outputs validate against the schema;
 * peak RSS (``ru_maxrss``) of the engine's process;
-* formcast's per-step breakdown over the decode run: forward (``ModelRunner.forward``), sampling
-  (``ModelRunner.sample``, mask application included), and the rest of the step (scheduling, the
-  wait for the grammar's mask, output processing, detokenization), ms per step.
+* formcast's per-step breakdown over the decode run, from the scheduler's own timing: schedule
+  (batch -> tensors), forward, mask wait (the grammar's mask worker), sample (mask applied,
+  sampling), process (outputs, finish checks), and other (wall time outside the step loop:
+  waiting for the request, handing results to the caller), ms per step.
 
 Ratios are against llama.cpp in the same run. Not collected by pytest.
 """
@@ -59,6 +60,7 @@ PEOPLE = ["Marie Curie", "Alan Turing", "Ada Lovelace", "Isaac Newton", "Rosalin
           "Gregor Mendel", "Chien-Shiung Wu", "James Clerk Maxwell", "Hedy Lamarr", "Louis Pasteur",
           "Rachel Carson", "Alexander Fleming"]  # fmt: skip
 DECODE_PROMPT = "Tell me a long story about a lighthouse keeper."
+PHASES = ("schedule", "forward", "mask_wait", "sample", "process")  # the scheduler's own step timing
 
 
 def _valid(text: str) -> bool:
@@ -82,32 +84,6 @@ def _peak_rss_mb() -> float:
 # --------------------------------------------------------------------------- formcast
 
 
-class _StepClock:
-    """Wraps a runner's forward and sample to time them; the scheduler's loop is the rest."""
-
-    def __init__(self, runner: Any) -> None:
-        self.forward = self.sample = 0.0
-        self.steps = 0
-        fwd, smp = runner.forward, runner.sample
-
-        def forward(*a: Any, **k: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return fwd(*a, **k)
-            finally:
-                self.forward += time.perf_counter() - t
-                self.steps += 1
-
-        def sample(*a: Any, **k: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return smp(*a, **k)
-            finally:
-                self.sample += time.perf_counter() - t
-
-        runner.forward, runner.sample = forward, sample
-
-
 def run_formcast(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -122,13 +98,14 @@ def run_formcast(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     greedy = {"temperature": 0.0}
     try:
         eng.generate(input_ids=chat("warm up"), sampling_params={**greedy, "max_new_tokens": 8, "json_schema": SCHEMA})
-        clock = _StepClock(eng.runner)
+        sched = eng.scheduler
+        before, forwards = dict(sched.timing), sched.stats["forwards"]
         t = time.perf_counter()
         out = eng.generate(input_ids=chat(DECODE_PROMPT), sampling_params={**greedy, "max_new_tokens": args.decode_tokens, "ignore_eos": True})
         decode_s = time.perf_counter() - t
-        steps = max(clock.steps, 1)
-        breakdown = {"forward_ms": 1e3 * clock.forward / steps, "sample_ms": 1e3 * clock.sample / steps,
-                     "rest_ms": 1e3 * (decode_s - clock.forward - clock.sample) / steps}  # fmt: skip
+        steps = max(sched.stats["forwards"] - forwards, 1)
+        breakdown = {f"{k}_ms": 1e3 * (sched.timing[k] - before.get(k, 0.0)) / steps for k in PHASES}
+        breakdown["other_ms"] = 1e3 * decode_s / steps - sum(breakdown.values())  # waits between steps, detokenization
         decode = out["meta_info"]["completion_tokens"] / decode_s
 
         long_ids = (eng.tokenizer.encode(" ".join(["The lighthouse keeper watched the sea."] * 80)))[: args.prefill_tokens]
@@ -241,9 +218,9 @@ def main() -> None:
     print(markdown_table(header, rows))
     steps = [(n, r) for n, r in results.items() if "forward_ms" in r]
     if steps:
-        print("\nformcast decode step, ms (batch 1):\n")
-        print(markdown_table(["engine", "forward", "sampling", "rest (scheduling, mask wait, detokenize)"],
-                             [[n, f"{r['forward_ms']:.1f}", f"{r['sample_ms']:.1f}", f"{r['rest_ms']:.1f}"] for n, r in steps]))  # fmt: skip
+        print("\nformcast decode step at batch 1, ms per step (the scheduler's timing; other = wall time outside it):\n")
+        cols = PHASES + ("other",)
+        print(markdown_table(["engine", *cols], [[n] + [f"{r[c + '_ms']:.2f}" for c in cols] for n, r in steps]))
     for name, r in results.items():
         if "error" in r:
             print(f"\n{name}: {r['error']}")
