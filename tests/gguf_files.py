@@ -139,7 +139,9 @@ def quantize(src: Path, dst: Path, type_name: str, state: dict[str, np.ndarray])
     llama_cpp = llama_cpp_module()
     if llama_cpp is not None:
         params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_name}")
+        # the K-quant file types are mixes; with ``pure`` their base type covers every matrix
+        ftype = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}.get(type_name, type_name)
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
         params.pure = True
         params.nthread = 2
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)

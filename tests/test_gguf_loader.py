@@ -8,7 +8,8 @@
   llama.cpp's own quantizer, gives logits within tolerance of llama.cpp's at prompt positions and
   at decode positions.
 - Broken files are refused with a ``ModelLoadError`` naming the file, the tensor and the type.
-- ``Engine(model_path="x.gguf")`` serves the file end to end, tokenizer included.
+- ``Engine(model_path="x.gguf")`` serves a Q4_1 file end to end, tokenizer included, with a
+  constraint and with a self-speculative draft made of its first layer.
 """
 
 from __future__ import annotations
@@ -198,8 +199,10 @@ def tiny_state_of(hf_dir) -> dict[str, np.ndarray]:
 def test_engine_serves_a_gguf_file(tiny):
     from engine import Engine
 
-    _, _, f32, _ = tiny
-    engine = Engine(str(f32), max_total_tokens=512, max_running_requests=4, grammar_workers=1)
+    folder, _, _, state = tiny
+    path = folder / "engine-Q4_1.gguf"
+    write_gguf(path, state, qtype="Q4_1")
+    engine = Engine(str(path), max_total_tokens=512, max_running_requests=4, grammar_workers=1)
     try:
         assert engine.tokenizer.eos_token_id == TINY["eos_token_id"]
         out = engine.generate("Hello", {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True})
@@ -208,3 +211,11 @@ def test_engine_serves_a_gguf_file(tiny):
         assert len(constrained["text"]) == 3 and constrained["text"].isdigit()
     finally:
         engine.shutdown()
+    # a self-speculative draft shares the target's quantized layers; greedy stays token-identical
+    spec = Engine(str(path), max_total_tokens=512, max_running_requests=4, speculative_algorithm="draft_model",
+                  speculative_draft_num_layers=1)  # fmt: skip
+    try:
+        drafted = spec.generate("Hello", {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True})
+        assert drafted["output_ids"] == out["output_ids"]
+    finally:
+        spec.shutdown()
