@@ -3,7 +3,7 @@
 ``write_tiny_pair(folder)`` saves a random transformers Llama (hidden 256, so every block format
 including the 256-element K-quants divides its rows) and writes the same weights into
 ``folder/model-F32.gguf`` the way llama.cpp's converter does (GGUF tensor names, q/k rows permuted
-for its interleaved RoPE, a byte-level tokenizer of 256 byte tokens plus two specials).
+for its interleaved RoPE, a byte-level tokenizer of 256 byte tokens, two specials and one merge).
 ``quantize(src, dst, type_name, state)`` re-encodes a GGUF's matrices: with llama.cpp's own quantizer when
 ``llama_cpp`` is importable (``pure``: every matrix in that type), else with ``gguf.quants``
 (which quantizes the 32-element block types only).
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 TINY = dict(
-    vocab_size=258, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+    vocab_size=259, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
     tie_word_embeddings=False, initializer_range=0.05, bos_token_id=256, eos_token_id=257,
 )  # fmt: skip
@@ -88,9 +88,10 @@ def write_gguf(path: Path, state: dict[str, np.ndarray], qtype: str | None = Non
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
-    w.add_token_list(byte_level_chars() + list(SPECIALS))
-    w.add_token_types([gguf.TokenType.NORMAL] * 256 + [gguf.TokenType.CONTROL] * len(SPECIALS))
-    w.add_token_merges([])
+    # llama.cpp refuses a byte-level vocabulary without merges: one merge, " t", and its token
+    w.add_token_list(byte_level_chars() + list(SPECIALS) + ["\u0120t"])
+    w.add_token_types([gguf.TokenType.NORMAL] * 256 + [gguf.TokenType.CONTROL] * len(SPECIALS) + [gguf.TokenType.NORMAL])
+    w.add_token_merges(["\u0120 t"])
     w.add_bos_token_id(c["bos_token_id"])
     w.add_eos_token_id(c["eos_token_id"])
     w.add_add_bos_token(False)
@@ -139,7 +140,9 @@ def quantize(src: Path, dst: Path, type_name: str, state: dict[str, np.ndarray])
     llama_cpp = llama_cpp_module()
     if llama_cpp is not None:
         params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_name}")
+        # the K-quant file types are mixes; with ``pure`` their base type covers every matrix
+        ftype = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}.get(type_name, type_name)
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
         params.pure = True
         params.nthread = 2
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)

@@ -8,7 +8,8 @@
   llama.cpp's own quantizer, gives logits within tolerance of llama.cpp's at prompt positions and
   at decode positions.
 - Broken files are refused with a ``ModelLoadError`` naming the file, the tensor and the type.
-- ``Engine(model_path="x.gguf")`` serves the file end to end, tokenizer included.
+- ``Engine(model_path="x.gguf")`` serves a Q4_1 file end to end, tokenizer included, with a
+  constraint and with a self-speculative draft made of its first layer.
 """
 
 from __future__ import annotations
@@ -126,7 +127,9 @@ def test_logits_match_llama_cpp(tiny, type_name):
     runner = _runner(path)
     got_prompt = _prefix_logits(runner, PROMPT).numpy()
     scale = np.abs(ref_prompt).max()
-    tol = 0.02 * scale  # llama.cpp keeps K/V in fp16; formcast in float32
+    # llama.cpp keeps K/V in fp16 (formcast: float32) and sums in another order; measured here up to
+    # 2.7% of the largest logit on this random 2-layer model. A wrong block layout is off by ~100%.
+    tol = 0.05 * scale
     assert np.abs(got_prompt - ref_prompt).max() < tol, f"{type_name}: prompt logits differ"
     # decode positions, fed llama.cpp's own greedy tokens
     loop = GreedyLoop(runner)
@@ -198,8 +201,10 @@ def tiny_state_of(hf_dir) -> dict[str, np.ndarray]:
 def test_engine_serves_a_gguf_file(tiny):
     from engine import Engine
 
-    _, _, f32, _ = tiny
-    engine = Engine(str(f32), max_total_tokens=512, max_running_requests=4, grammar_workers=1)
+    folder, _, _, state = tiny
+    path = folder / "engine-Q4_1.gguf"
+    write_gguf(path, state, qtype="Q4_1")
+    engine = Engine(str(path), max_total_tokens=512, max_running_requests=4, grammar_workers=1)
     try:
         assert engine.tokenizer.eos_token_id == TINY["eos_token_id"]
         out = engine.generate("Hello", {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True})
@@ -208,3 +213,11 @@ def test_engine_serves_a_gguf_file(tiny):
         assert len(constrained["text"]) == 3 and constrained["text"].isdigit()
     finally:
         engine.shutdown()
+    # a self-speculative draft shares the target's quantized layers; greedy stays token-identical
+    spec = Engine(str(path), max_total_tokens=512, max_running_requests=4, speculative_algorithm="draft_model",
+                  speculative_draft_num_layers=1)  # fmt: skip
+    try:
+        drafted = spec.generate("Hello", {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True})
+        assert drafted["output_ids"] == out["output_ids"]
+    finally:
+        spec.shutdown()

@@ -8,15 +8,15 @@ once at load, so the loop does no half-float conversion):
 | --- | ---: | --- | --- |
 | Q4_0 / Q4_1 | 32 | nibbles [N, K/32, 16], d (and m) | Q8_0 / Q8_1 |
 | Q5_0 / Q5_1 | 32 | nibbles, the fifth bits as uint32, d (and m) | Q8_0 / Q8_1 |
-| Q8_0 | 32 | int8 [N, K/32, 32], d | Q8_0 |
-| Q4_K / Q5_K / Q6_K | 256 | int8 codes [N, K], integer sub-block scales (and mins), d, dmin | Q8_K |
+| Q8_0 | 32 | int8 codes [N, K], d | Q8_0 |
+| Q4_K / Q5_K / Q6_K | 256 | int8 codes [N, K], per sub-block d * scale (and dmin * min) | Q8_K |
 
 A linear layer on a few activation rows (decode, speculative verification, mixed batches) first
 quantizes each row the way llama.cpp does for that format (8-bit blocks with an fp16 scale, plus
 the block sum for the formats with a minimum: Q8_1; 256-element blocks with a float32 scale and
-16-element sums for the K-quants: Q8_K), then multiplies integer codes by integer codes per block
-and scales the block's integer sum once: the result is the format's own dot product, which is why
-greedy outputs agree with llama.cpp's, and it reads each weight block once for all the rows.
+16-element sums for the K-quants: Q8_K), then sums code x code x both scales over the row: the
+format's own dot product (up to float rounding order), which is why greedy outputs agree with
+llama.cpp's. Each weight row is read once for all the activation rows.
 Beyond ``MAX_QUANT_ROWS`` rows (long prefills) the weight is dequantized to float32 and multiplied
 by the same quantized activations (as floats) in torch's GEMM, whose blocking wins there; a row
 gets the same numbers whichever path its batch takes, up to float summation order.
@@ -123,85 +123,74 @@ def quantize_q8_k(x, xq, xd, xbs):  # pragma: no cover - compiled
 
 
 # --------------------------------------------------------------------------- dot-product loops
-# One loop per block family; ``kind`` selects the code unpacking (a compile-time-cheap branch
-# hoisted out of the inner loop by LLVM since it does not change inside it).
+# Each output is one flat loop over the row's codes: code * its block's scale * the dequantized
+# activation code (``x`` = activation code * its fp16 scale), i.e. sum_b d_w d_x (sum of code
+# products) regrouped into one reduction that LLVM vectorizes (a loop per block, or a widened row
+# buffer, measured 3-8x slower here). The minimum terms use the activation block sums as the
+# format defines them (Q8_1's s, Q8_K's 16-element sums). Only float rounding order separates
+# this from integer arithmetic (relative 1e-6). The 4- and 5-bit formats read the activation as
+# two halves per block (``xlo``: elements 0-15, ``xhi``: 16-31), matching each byte's two nibbles.
 
 
 @njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
-def _mm_nibbles(kind, qs, qh, wd, wm, xq, xd, xs, out):  # pragma: no cover - compiled
-    """Q4_0 (kind 0), Q4_1 (1), Q5_0 (2), Q5_1 (3): out[r, n] = sum over blocks of the block's
-    integer dot product times d_w * d_x (+ m_w * s_x for the formats with a minimum)."""
+def _mm_q4(off, qs, wd, wm, xlo, xhi, xs, out):  # pragma: no cover - compiled
+    """Q4_0 (``off`` 8, ``wm`` zero) and Q4_1 (``off`` 0); ``qs`` [N, K/2] bytes."""
     n_out, nb = wd.shape
-    m_rows = xq.shape[0]
+    m_rows, half = xlo.shape
+    has_min = wm.shape[1] > 0
     for task in prange((n_out + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK):
         for n in range(task * _ROWS_PER_TASK, min(n_out, task * _ROWS_PER_TASK + _ROWS_PER_TASK)):
             for r in range(m_rows):
                 acc = np.float32(0.0)
-                for b in range(nb):
-                    base = b * 32
-                    isum = np.int32(0)
-                    if kind <= 1:
-                        off = 8 if kind == 0 else 0
-                        for j in range(16):
-                            v = np.int32(qs[n, b, j])
-                            isum += ((v & 15) - off) * np.int32(xq[r, base + j]) + ((v >> 4) - off) * np.int32(xq[r, base + j + 16])
-                    else:
-                        off = 16 if kind == 2 else 0
-                        h = qh[n, b]
-                        for j in range(16):
-                            v = np.int32(qs[n, b, j])
-                            lo = (v & 15) | np.int32(((h >> j) & 1) << 4)
-                            hi = (v >> 4) | np.int32(((h >> (j + 16)) & 1) << 4)
-                            isum += (lo - off) * np.int32(xq[r, base + j]) + (hi - off) * np.int32(xq[r, base + j + 16])
-                    acc += wd[n, b] * xd[r, b] * np.float32(isum)
-                    if kind == 1 or kind == 3:
+                for i in range(half):
+                    v = np.int32(qs[n, i])
+                    acc += ((np.float32(v & 15) - off) * xlo[r, i] + (np.float32(v >> 4) - off) * xhi[r, i]) * wd[n, i >> 4]
+                if has_min:
+                    for b in range(nb):
                         acc += wm[n, b] * xs[r, b]
                 out[r, n] = acc
 
 
 @njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
-def _mm_q8_0(qs, wd, xq, xd, out):  # pragma: no cover - compiled
+def _mm_q5(off, qs, qh, wd, wm, xlo, xhi, xs, out):  # pragma: no cover - compiled
+    """Q5_0 (``off`` 16, ``wm`` zero) and Q5_1 (``off`` 0): each code's fifth bit from ``qh``
+    (bit j for element j, bit j + 16 for element j + 16)."""
     n_out, nb = wd.shape
-    m_rows = xq.shape[0]
+    m_rows, half = xlo.shape
+    has_min = wm.shape[1] > 0
     for task in prange((n_out + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK):
         for n in range(task * _ROWS_PER_TASK, min(n_out, task * _ROWS_PER_TASK + _ROWS_PER_TASK)):
             for r in range(m_rows):
                 acc = np.float32(0.0)
-                for b in range(nb):
-                    isum = np.int32(0)
-                    for j in range(32):
-                        isum += np.int32(qs[n, b, j]) * np.int32(xq[r, b * 32 + j])
-                    acc += wd[n, b] * xd[r, b] * np.float32(isum)
+                for i in range(half):
+                    v = np.uint32(qs[n, i])
+                    h = qh[n, i >> 4]
+                    j = np.uint32(i & 15)
+                    lo = (v & np.uint32(15)) | (((h >> j) & np.uint32(1)) << np.uint32(4))
+                    hi = (v >> np.uint32(4)) | (((h >> (j + np.uint32(16))) & np.uint32(1)) << np.uint32(4))
+                    acc += ((np.float32(lo) - off) * xlo[r, i] + (np.float32(hi) - off) * xhi[r, i]) * wd[n, i >> 4]
+                if has_min:
+                    for b in range(nb):
+                        acc += wm[n, b] * xs[r, b]
                 out[r, n] = acc
 
 
 @njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
-def _mm_k(q, sc, mn, wd, wdmin, group, xq, xd, xbs, out):  # pragma: no cover - compiled
-    """K-quants: per 256-block, d_x * (d_w * sum_g sc_g * isum_g - dmin_w * sum_g mn_g * xsum_g),
-    with ``group`` elements per sub-block (32 for Q4_K / Q5_K, 16 for Q6_K, whose codes are
-    centred and have no minimum)."""
-    n_out, nsb = wd.shape
-    m_rows = xq.shape[0]
-    per = 256 // group
-    sums_per = group // 16
+def _mm_codes(shift, q, scale, mins, x, xsum, out):  # pragma: no cover - compiled
+    """Q8_0 (``shift`` 5, no minimum) and the K-quants, whose codes are kept as int8 [N, K]:
+    code * scale of its (1 << shift)-element sub-block * x, minus each sub-block's minimum times
+    the activation's sum over that sub-block (``xsum``)."""
+    n_out, k_dim = q.shape
+    m_rows = x.shape[0]
+    groups = mins.shape[1]
     for task in prange((n_out + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK):
         for n in range(task * _ROWS_PER_TASK, min(n_out, task * _ROWS_PER_TASK + _ROWS_PER_TASK)):
             for r in range(m_rows):
                 acc = np.float32(0.0)
-                for b in range(nsb):
-                    sumi = np.int32(0)
-                    summ = np.int32(0)
-                    for g in range(per):
-                        base = b * 256 + g * group
-                        isum = np.int32(0)
-                        for j in range(group):
-                            isum += np.int32(q[n, base + j]) * np.int32(xq[r, base + j])
-                        sumi += np.int32(sc[n, b * per + g]) * isum
-                        bs = np.int32(0)
-                        for s in range(sums_per):
-                            bs += xbs[r, (base >> 4) + s]
-                        summ += np.int32(mn[n, b * per + g]) * bs
-                    acc += xd[r, b] * (wd[n, b] * np.float32(sumi) - wdmin[n, b] * np.float32(summ))
+                for k in range(k_dim):
+                    acc += np.float32(q[n, k]) * scale[n, k >> shift] * x[r, k]
+                for g in range(groups):
+                    acc -= mins[n, g] * xsum[r, g]
                 out[r, n] = acc
 
 
@@ -215,8 +204,8 @@ def _dequant_nibbles(kind, qs, qh, wd, wm, rows, out):  # pragma: no cover - com
         n = rows[i]
         for b in range(nb):
             d = wd[n, b]
-            m = wm[n, b]
-            h = qh[n, b]
+            m = wm[n, b] if kind == 1 or kind == 3 else np.float32(0.0)
+            h = qh[n, b] if kind >= 2 else np.uint32(0)
             for j in range(16):
                 v = np.int32(qs[n, b, j])
                 lo = v & 15
@@ -236,24 +225,16 @@ def _dequant_nibbles(kind, qs, qh, wd, wm, rows, out):  # pragma: no cover - com
 
 
 @njit(parallel=True, nogil=True, cache=True, boundscheck=False)
-def _dequant_q8_0(qs, wd, rows, out):  # pragma: no cover - compiled
-    nb = wd.shape[1]
-    for i in prange(rows.shape[0]):
-        n = rows[i]
-        for b in range(nb):
-            for j in range(32):
-                out[i, b * 32 + j] = np.float32(qs[n, b, j]) * wd[n, b]
-
-
-@njit(parallel=True, nogil=True, cache=True, boundscheck=False)
-def _dequant_k(q, sc, mn, wd, wdmin, group, rows, out):  # pragma: no cover - compiled
+def _dequant_codes(shift, q, scale, mins, rows, out):  # pragma: no cover - compiled
     k_dim = q.shape[1]
+    has_min = mins.shape[1] > 0
     for i in prange(rows.shape[0]):
         n = rows[i]
         for e in range(k_dim):
-            g = e // group
-            b = e // 256
-            out[i, e] = wd[n, b] * np.float32(sc[n, g]) * np.float32(q[n, e]) - wdmin[n, b] * np.float32(mn[n, g])
+            value = scale[n, e >> shift] * np.float32(q[n, e])
+            if has_min:
+                value -= mins[n, e >> shift]
+            out[i, e] = value
 
 
 # --------------------------------------------------------------------------- unpacking GGUF blocks
@@ -272,7 +253,8 @@ def _k_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _unpack_k(type_name: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
-    """[N, nsb, bytes] K-quant super-blocks -> int8 codes [N, K], sub-block scales/mins, d, dmin."""
+    """[N, nsb, bytes] K-quant super-blocks -> int8 codes [N, K] and, per sub-block of
+    ``1 << shift`` elements, its float scale (d * 6-bit scale) and minimum (dmin * 6-bit min)."""
     n, nsb, _ = blocks.shape
     if type_name in ("Q4_K", "Q5_K"):
         d, dmin = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
@@ -286,7 +268,9 @@ def _unpack_k(type_name: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
             high = (qh[:, :, None, None, :] >> shifts[None, None, :, :, None]) & 1
             codes = codes | (high << 4)
         q = codes.reshape(n, nsb * 256).astype(np.int8)
-        return {"q": q, "sc": sc.reshape(n, nsb * 8), "mn": mn.reshape(n, nsb * 8), "d": d, "dmin": dmin, "group": 32}
+        scale = (d[..., None] * sc.astype(np.float32)).reshape(n, nsb * 8)
+        mins = (dmin[..., None] * mn.astype(np.float32)).reshape(n, nsb * 8)
+        return {"q": q, "scale": scale, "min": mins, "shift": 5}
     # Q6_K: ql[128], qh[64], scales int8[16], d
     ql = blocks[..., 0:128].reshape(n, nsb, 2, 64).astype(np.int32)
     qh = blocks[..., 128:192].reshape(n, nsb, 2, 32).astype(np.int32)
@@ -295,8 +279,8 @@ def _unpack_k(type_name: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
     lo = ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4
     codes = np.stack([lo[i] | (((qh >> (2 * i)) & 3) << 4) for i in range(4)], axis=3) - 32  # [n, nsb, half, 4, 32]
     q = codes.reshape(n, nsb * 256).astype(np.int8)
-    return {"q": q, "sc": scales.reshape(n, nsb * 16), "mn": np.zeros((n, nsb * 16), np.int32), "d": d,
-            "dmin": np.zeros_like(d), "group": 16}  # fmt: skip
+    scale = (d[..., None] * scales.astype(np.float32)).reshape(n, nsb * 16)
+    return {"q": q, "scale": scale, "min": np.zeros((n, 0), np.float32), "shift": 4}
 
 
 class QuantizedWeight:
@@ -330,20 +314,20 @@ class QuantizedWeight:
             raise ValueError(f"no kernel for type {type_name}")
         blocks = raw.reshape(n, k // QK, -1)
         arrays: dict[str, np.ndarray] = {"d": _f16(blocks[..., 0:2])}
-        if type_name == "Q8_0":
-            arrays["qs"] = np.ascontiguousarray(blocks[..., 2:34]).view(np.int8)
-            return cls(type_name, shape, arrays)
+        if type_name == "Q8_0":  # kept like the K-quants' codes: int8 [N, K], a scale per 32
+            q = np.ascontiguousarray(blocks[..., 2:34]).view(np.int8).reshape(n, k)
+            return cls(type_name, shape, {"q": q, "scale": arrays["d"], "min": np.zeros((n, 0), np.float32), "shift": 5})
         start = 2
         if type_name in _Q8_1_TYPES:
             arrays["m"] = _f16(blocks[..., 2:4])
             start = 4
-        else:
-            arrays["m"] = np.zeros_like(arrays["d"])
+        else:  # no minimum, no fifth bits: empty arrays the loops skip
+            arrays["m"] = np.zeros((n, 0), np.float32)
         if type_name in ("Q5_0", "Q5_1"):
             arrays["qh"] = np.ascontiguousarray(blocks[..., start : start + 4]).view(np.uint32)[..., 0]
             start += 4
         else:
-            arrays["qh"] = np.zeros(arrays["d"].shape, np.uint32)
+            arrays["qh"] = np.zeros((n, 0), np.uint32)
         arrays["qs"] = np.ascontiguousarray(blocks[..., start : start + 16])
         return cls(type_name, shape, arrays)
 
@@ -354,12 +338,12 @@ class QuantizedWeight:
         first = parts[0]
         arrays = {}
         for key, value in first.arrays.items():
-            arrays[key] = value if key == "group" else np.concatenate([p.arrays[key] for p in parts])
+            arrays[key] = value if key == "shift" else np.concatenate([p.arrays[key] for p in parts])
         return QuantizedWeight(first.type_name, (sum(p.shape[0] for p in parts), first.shape[1]), arrays)
 
     def take_rows(self, index: np.ndarray) -> QuantizedWeight:
         """The matrix with its rows reordered / selected (each row is whole blocks, so no re-encoding)."""
-        arrays = {k: (v if k == "group" else np.ascontiguousarray(v[index])) for k, v in self.arrays.items()}
+        arrays = {k: (v if k == "shift" else np.ascontiguousarray(v[index])) for k, v in self.arrays.items()}
         return QuantizedWeight(self.type_name, (len(index), self.shape[1]), arrays)
 
     # ------------------------------------------------------------------ compute
@@ -367,10 +351,8 @@ class QuantizedWeight:
         a = self.arrays
         out = np.empty((rows.shape[0], self.shape[1]), np.float32)
         rows = np.ascontiguousarray(rows, dtype=np.int64)
-        if self.type_name == "Q8_0":
-            _dequant_q8_0(a["qs"], a["d"], rows, out)
-        elif self.type_name in K_TYPES:
-            _dequant_k(a["q"], a["sc"], a["mn"], a["d"], a["dmin"], a["group"], rows, out)
+        if "q" in a:
+            _dequant_codes(a["shift"], a["q"], a["scale"], a["min"], rows, out)
         else:
             _dequant_nibbles(BLOCK_TYPES.index(self.type_name), a["qs"], a["qh"], a["d"], a["m"], rows, out)
         return out
@@ -393,19 +375,30 @@ class QuantizedWeight:
         else:
             xs = np.empty_like(xd)
             quantize_q8_0(x32, xq, xd, xs)
+        x_deq = (xq.reshape(m_rows, -1, block) * xd[..., None]).reshape(m_rows, k_dim)
         if m_rows > MAX_QUANT_ROWS:
-            # The same quantized activations, multiplied in float by torch's GEMM: a row's result
-            # does not depend on which path its batch took (up to float summation order).
-            x_deq = (xq.reshape(m_rows, -1, block) * xd[..., None]).reshape(m_rows, k_dim)
+            # Long prefills: the same quantized activations, multiplied by torch's GEMM.
             return F.linear(torch.from_numpy(x_deq), self.dequantize())
         out = np.empty((m_rows, self.shape[0]), np.float32)
-        if self.type_name in K_TYPES:
-            _mm_k(a["q"], a["sc"], a["mn"], a["d"], a["dmin"], a["group"], xq, xd, xbs, out)
-        else:
-            if self.type_name == "Q8_0":
-                _mm_q8_0(a["qs"], a["d"], xq, xd, out)
+        kind = self.type_name
+        if "q" in a:
+            if kind in K_TYPES and a["min"].shape[1]:
+                # activation sums per sub-block: Q8_K's 16-element sums, times the block scale
+                per_group = (1 << a["shift"]) // 16
+                sums = xbs.reshape(m_rows, -1, per_group).sum(-1).astype(np.float32)
+                xsum = sums * np.repeat(xd, sums.shape[1] // xd.shape[1], axis=1)
             else:
-                _mm_nibbles(BLOCK_TYPES.index(self.type_name), a["qs"], a["qh"], a["d"], a["m"], xq, xd, xs, out)
+                xsum = np.zeros((m_rows, 0), np.float32)
+            _mm_codes(a["shift"], a["q"], a["scale"], a["min"], x_deq, xsum, out)
+            return torch.from_numpy(out)
+        halves = x_deq.reshape(m_rows, -1, 2, 16)
+        xlo = np.ascontiguousarray(halves[:, :, 0]).reshape(m_rows, -1)
+        xhi = np.ascontiguousarray(halves[:, :, 1]).reshape(m_rows, -1)
+        qs = a["qs"].reshape(a["qs"].shape[0], -1)
+        if kind in ("Q4_0", "Q4_1"):
+            _mm_q4(np.float32(8.0 if kind == "Q4_0" else 0.0), qs, a["d"], a["m"], xlo, xhi, xs, out)
+        else:
+            _mm_q5(np.float32(16.0 if kind == "Q5_0" else 0.0), qs, a["qh"], a["d"], a["m"], xlo, xhi, xs, out)
         return torch.from_numpy(out)
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,230 @@
+"""Benchmark: a GGUF file run by formcast (weights kept quantized) against llama.cpp, same file, one run.
+
+    python bench/gguf_bench.py [--engines formcast-gguf,formcast-hf,llama.cpp] [--threads 2]
+                               [--decode-tokens 64] [--prefill-tokens 512] [--records 24]
+                               [--max-new-tokens 128]
+
+The embedded SmolLM2-135M-Instruct: ``formcast-gguf`` loads its Q4_1 GGUF directly (Q4_1
+matrices, the Q8_0 embedding used as the head); ``formcast-hf`` runs the fp32 folder converted
+from the same file (today's default); ``llama.cpp`` is llama-cpp-python on the same GGUF. Every
+engine runs in its own subprocess (so its peak resident memory is its own), with ``--threads``
+threads, greedy:
+
+* decode: batch 1, ``--decode-tokens`` new tokens after a short chat prompt, EOS ignored (banned
+  for llama.cpp): tokens/s over the generation's wall time;
+* prefill: a ``--prefill-tokens`` prompt, one new token: prompt tokens/s;
+* json batch 1: one request constrained by ``SCHEMA`` (llama.cpp: its own JSON-schema grammar,
+  ``LlamaGrammar.from_json_schema``): output tokens/s;
+* schema job: ``--records`` prompts under ``SCHEMA`` with at most ``--max-new-tokens`` tokens
+  (formcast: one batched ``generate``; llama.cpp: one request after another): records/s and how
+  many outputs validate against the schema;
+* peak RSS (``ru_maxrss``) of the engine's process;
+* formcast's per-step breakdown over the decode run, from the scheduler's own timing: schedule
+  (batch -> tensors), forward, mask wait (the grammar's mask worker), sample (mask applied,
+  sampling), process (outputs, finish checks), and other (wall time outside the step loop:
+  waiting for the request, handing results to the caller), ms per step.
+
+Ratios are against llama.cpp in the same run. Not collected by pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from common import machine_line, markdown_table, ratio  # noqa: E402
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "born": {"type": "integer", "minimum": 1000, "maximum": 2025},
+        "fields": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
+    },
+    "required": ["name", "born", "fields"],
+    "additionalProperties": False,
+}
+PEOPLE = ["Marie Curie", "Alan Turing", "Ada Lovelace", "Isaac Newton", "Rosalind Franklin", "Niels Bohr",
+          "Grace Hopper", "Charles Darwin", "Lise Meitner", "Nikola Tesla", "Emmy Noether", "Galileo Galilei",
+          "Dorothy Hodgkin", "Michael Faraday", "Barbara McClintock", "Srinivasa Ramanujan", "Katherine Johnson",
+          "Gregor Mendel", "Chien-Shiung Wu", "James Clerk Maxwell", "Hedy Lamarr", "Louis Pasteur",
+          "Rachel Carson", "Alexander Fleming"]  # fmt: skip
+DECODE_PROMPT = "Tell me a long story about a lighthouse keeper."
+PHASES = ("schedule", "forward", "mask_wait", "sample", "process")  # the scheduler's own step timing
+
+
+def _valid(text: str) -> bool:
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), SCHEMA)
+        return True
+    except Exception:
+        return False
+
+
+def _record_prompt(name: str) -> str:
+    return f"Give me a JSON record about {name}: name, year born, fields of work."
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# --------------------------------------------------------------------------- formcast
+
+
+def run_formcast(kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from engine import Engine
+    from engine.hf.model_files import default_model_dir, gguf_path
+
+    torch.set_num_threads(args.threads)
+    path = gguf_path() if kind == "formcast-gguf" else default_model_dir()
+    options = {"dtype": "float32"} if kind == "formcast-hf" else {}
+    eng = Engine(str(path), num_threads=args.threads, max_total_tokens=8192, max_running_requests=32, **options)
+    chat = lambda text: eng.apply_chat_template([{"role": "user", "content": text}])  # noqa: E731
+    greedy = {"temperature": 0.0}
+    try:
+        eng.generate(input_ids=chat("warm up"), sampling_params={**greedy, "max_new_tokens": 8, "json_schema": SCHEMA})
+        sched = eng.scheduler
+        before, forwards = dict(sched.timing), sched.stats["forwards"]
+        t = time.perf_counter()
+        out = eng.generate(input_ids=chat(DECODE_PROMPT), sampling_params={**greedy, "max_new_tokens": args.decode_tokens, "ignore_eos": True})
+        decode_s = time.perf_counter() - t
+        steps = max(sched.stats["forwards"] - forwards, 1)
+        breakdown = {f"{k}_ms": 1e3 * (sched.timing[k] - before.get(k, 0.0)) / steps for k in PHASES}
+        breakdown["other_ms"] = 1e3 * decode_s / steps - sum(breakdown.values())  # waits between steps, detokenization
+        decode = out["meta_info"]["completion_tokens"] / decode_s
+
+        long_ids = (eng.tokenizer.encode(" ".join(["The lighthouse keeper watched the sea."] * 80)))[: args.prefill_tokens]
+        t = time.perf_counter()
+        eng.generate(input_ids=long_ids, sampling_params={**greedy, "max_new_tokens": 1})
+        prefill = len(long_ids) / (time.perf_counter() - t)
+
+        t = time.perf_counter()
+        js = eng.generate(input_ids=chat(_record_prompt("Marie Curie")), sampling_params={**greedy, "max_new_tokens": args.max_new_tokens, "json_schema": SCHEMA})
+        json_tps = js["meta_info"]["completion_tokens"] / (time.perf_counter() - t)
+
+        prompts = [chat(_record_prompt(p)) for p in PEOPLE[: args.records]]
+        t = time.perf_counter()
+        outs = eng.generate(input_ids=prompts, sampling_params={**greedy, "max_new_tokens": args.max_new_tokens, "json_schema": SCHEMA})
+        job_s = time.perf_counter() - t
+    finally:
+        eng.shutdown()
+    return {"decode_tps": decode, "prefill_tps": prefill, "json_tps": json_tps, "records_per_s": len(prompts) / job_s,
+            "valid": sum(_valid(o["text"]) for o in outs), "records": len(prompts), "peak_rss_mb": _peak_rss_mb(),
+            **breakdown}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- llama.cpp
+
+
+def run_llama_cpp(args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+    from llama_cpp import Llama, LlamaGrammar
+
+    from engine.hf.model_files import gguf_path
+
+    llm = Llama(model_path=str(gguf_path()), n_ctx=2048, n_batch=512, n_threads=args.threads, verbose=False)
+    eos = llm.token_eos()
+
+    def render(text: str) -> str:
+        return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+    def no_eos(_ids: Any, logits: Any) -> Any:
+        logits[eos] = -np.inf
+        return logits
+
+    llm(render("warm up"), max_tokens=8, temperature=0.0)
+    t = time.perf_counter()
+    out = llm(render(DECODE_PROMPT), max_tokens=args.decode_tokens, temperature=0.0, logits_processor=[no_eos])
+    decode = out["usage"]["completion_tokens"] / (time.perf_counter() - t)
+
+    ids = llm.tokenize(" ".join(["The lighthouse keeper watched the sea."] * 80).encode(), add_bos=False)[: args.prefill_tokens]
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(ids)
+    prefill = len(ids) / (time.perf_counter() - t)
+
+    grammar = LlamaGrammar.from_json_schema(json.dumps(SCHEMA), verbose=False)
+    t = time.perf_counter()
+    js = llm(render(_record_prompt("Marie Curie")), max_tokens=args.max_new_tokens, temperature=0.0, grammar=grammar)
+    json_tps = js["usage"]["completion_tokens"] / (time.perf_counter() - t)
+
+    texts = []
+    t = time.perf_counter()
+    for person in PEOPLE[: args.records]:
+        r = llm(render(_record_prompt(person)), max_tokens=args.max_new_tokens, temperature=0.0, grammar=grammar)
+        texts.append(r["choices"][0]["text"])
+    job_s = time.perf_counter() - t
+    return {"decode_tps": decode, "prefill_tps": prefill, "json_tps": json_tps, "records_per_s": len(texts) / job_s,
+            "valid": sum(_valid(x) for x in texts), "records": len(texts), "peak_rss_mb": _peak_rss_mb()}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _child(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", name, "--threads", str(args.threads), "--decode-tokens", str(args.decode_tokens),
+           "--prefill-tokens", str(args.prefill_tokens), "--records", str(args.records), "--max-new-tokens", str(args.max_new_tokens)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "NUMBA_NUM_THREADS": str(args.threads)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engines", default="formcast-gguf,formcast-hf,llama.cpp")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--prefill-tokens", type=int, default=512)
+    ap.add_argument("--records", type=int, default=24)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        result = run_llama_cpp(args) if args.child == "llama.cpp" else run_formcast(args.child, args)
+        print(json.dumps(result))
+        return
+    results = {name: _child(name, args) for name in args.engines.split(",")}
+    anchor = results.get("llama.cpp", {})
+    print(f"# {machine_line()}; {args.threads} threads; SmolLM2-135M-Instruct Q4_1 GGUF\n")
+    metrics = [("batch-1 decode tok/s", "decode_tps"), (f"prefill tok/s ({args.prefill_tokens} tokens)", "prefill_tps"),
+               ("JSON schema batch 1 tok/s", "json_tps"), (f"{args.records}-record schema job, records/s", "records_per_s")]  # fmt: skip
+    header = ["metric"] + [n for n in results] + [f"{n} / llama.cpp" for n in results if n != "llama.cpp" and anchor]
+    rows = []
+    for label, key in metrics:
+        row = [label] + [f"{r[key]:.2f}" if key in r else r.get("error", "-") for r in results.values()]
+        row += [ratio(r.get(key, float("nan")), anchor.get(key, float("nan"))) for n, r in results.items() if n != "llama.cpp" and anchor]
+        rows.append(row)
+    rows.append(["valid outputs"] + [f"{r['valid']}/{r['records']}" if "valid" in r else "-" for r in results.values()]
+                + ["" for n in results if n != "llama.cpp" and anchor])  # fmt: skip
+    rows.append(["peak RSS MB"] + [f"{r['peak_rss_mb']:.0f}" if "peak_rss_mb" in r else "-" for r in results.values()]
+                + ["" for n in results if n != "llama.cpp" and anchor])  # fmt: skip
+    print(markdown_table(header, rows))
+    steps = [(n, r) for n, r in results.items() if "forward_ms" in r]
+    if steps:
+        print("\nformcast decode step at batch 1, ms per step (the scheduler's timing; other = wall time outside it):\n")
+        cols = PHASES + ("other",)
+        print(markdown_table(["engine", *cols], [[n] + [f"{r[c + '_ms']:.2f}" for c in cols] for n, r in steps]))
+    for name, r in results.items():
+        if "error" in r:
+            print(f"\n{name}: {r['error']}")
+
+
+if __name__ == "__main__":
+    main()
