@@ -111,7 +111,7 @@ class ScheduleBatch:
         if sampling:
             self.sampling_info = self._sampling_info(vocab_size, token_to_kv_pool.device, eos_ids)
         hidden = CaptureHiddenMode.LAST if any(r.return_hidden_states for r in sampling) else CaptureHiddenMode.NULL
-        return ForwardBatch.init_new(
+        batch = ForwardBatch.init_new(
             inputs,
             req_to_token_pool,
             token_to_kv_pool,
@@ -119,6 +119,8 @@ class ScheduleBatch:
             return_logprob=any(r.return_logprob for r in sampling),
             capture_hidden_mode=hidden,
         )
+        batch.capture_routed_experts = any(r.return_routed_experts for r in sampling)
+        return batch
 
     def _sampling_info(self, vocab_size: int, device: torch.device, eos_ids: frozenset[int]) -> SamplingBatchInfo:
         params, gens, grammar, prompts, outputs = [], [], [], [], []

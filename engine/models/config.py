@@ -192,7 +192,20 @@ class ModelConfig:
             cfg = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ModelLoadError(f"{path} is not valid JSON: {exc}") from None
-        return cls.from_dict(cfg)
+        config = cls.from_dict(cfg)
+        # generation_config.json lists the end-of-turn ids too (Qwen3: <|im_end|>, Gemma: <end_of_turn>)
+        gen_path = Path(folder) / "generation_config.json"
+        if gen_path.is_file():
+            try:
+                gen_eos = _eos_ids(json.loads(gen_path.read_text(encoding="utf-8")).get("eos_token_id"))
+            except (json.JSONDecodeError, TypeError, ValueError) as exc:
+                raise ModelLoadError(f"{gen_path}: eos_token_id unreadable: {exc}") from None
+            merged = tuple(dict.fromkeys(config.eos_token_ids + gen_eos))
+            if merged != config.eos_token_ids:
+                import dataclasses
+
+                config = dataclasses.replace(config, eos_token_ids=merged)
+        return config
 
 
 def _arch_from_model_type(model_type: Any) -> str:
