@@ -14,6 +14,14 @@ bound = weight bytes (in the dtype) / GB/s. Each engine's batch-1 decode is repo
 it. ``--agreement N``: greedy outputs of N prompts (32 tokens) in each half-precision dtype
 against float32, as the share of prompts whose outputs are identical and of tokens before the
 first difference. Not collected by pytest.
+
+    python bench/forward_bench.py --families qwen3,gemma3,phi3,qwen3_moe [--max-ctx 256] ...
+
+``--families``: instead of one model folder, random-weight models of those families built here
+from transformers configs (sizes in ``FAMILY_SHAPES``: dense ones near 0.5B parameters, the MoE
+near 0.5B total / 0.15B active), saved once under ``--cache`` and compared the same way. For a
+mixture of experts the table adds the share of formcast's decode time spent in its MoE blocks
+(router plus chosen experts, timed around each block).
 """
 
 from __future__ import annotations
@@ -35,6 +43,60 @@ from engine.model_executor.forward_batch import ForwardBatch, ForwardInput  # no
 from engine.model_executor.model_runner import ModelRunner  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+_DENSE = dict(vocab_size=32000, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=4,
+              head_dim=64, intermediate_size=4096, max_position_embeddings=4096, tie_word_embeddings=True)  # fmt: skip
+# family -> (config class, model class, config overrides)
+FAMILY_SHAPES = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(_DENSE)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(_DENSE, sliding_window=512, query_pre_attn_scalar=64)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(_DENSE, sliding_window=512, query_pre_attn_scalar=64)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_DENSE, pad_token_id=0)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        _DENSE, num_hidden_layers=16, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=640, norm_topk_prob=True,
+    )),
+}  # fmt: skip
+
+
+def family_folder(family: str, cache: Path) -> Path:
+    """A random-weight model of ``family`` (``FAMILY_SHAPES``), saved once under ``cache``."""
+    import transformers as tf
+
+    folder = cache / family
+    if (folder / "config.json").is_file():
+        return folder
+    config_name, model_name, shape = FAMILY_SHAPES[family]
+    torch.manual_seed(0)
+    model = getattr(tf, model_name)(getattr(tf, config_name)(**shape))
+    model.save_pretrained(str(folder))
+    return folder
+
+
+class MoeTimer:
+    """Seconds spent inside the MoE blocks' forward (router + chosen experts), while installed."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        from engine.models.moe import SparseMoeBlock
+
+        self.blocks = [m for m in runner.model.modules() if isinstance(m, SparseMoeBlock)]
+        self.seconds = 0.0
+
+    def __enter__(self) -> "MoeTimer":
+        for block in self.blocks:
+            inner = block.forward
+
+            def timed(x, _inner=inner):  # type: ignore[no-untyped-def]
+                start = time.perf_counter()
+                out = _inner(x)
+                self.seconds += time.perf_counter() - start
+                return out
+
+            block.forward = timed  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for block in self.blocks:
+            del block.forward
 
 
 def measure_bandwidth(weight_bytes: int) -> float:
@@ -63,9 +125,12 @@ def weight_bytes(runner: ModelRunner) -> int:
     return total
 
 
-def contexts(batch: int, seed: int) -> list[list[int]]:
+MAX_CTX = 1024
+
+
+def contexts(batch: int, seed: int, vocab: int = 40000) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(100, 40000) for _ in range(rng.randint(64, 1024))] for _ in range(batch)]
+    return [[rng.randrange(100, min(vocab, 40000)) for _ in range(rng.randint(64, max(64, MAX_CTX)))] for _ in range(batch)]
 
 
 # ------------------------------------------------------------------ formcast
@@ -198,9 +263,17 @@ def main() -> None:
     ap.add_argument("--agreement", type=int, default=100, help="prompts for the greedy-agreement check (0: skip)")
     ap.add_argument("--model", default=None, help="a Hugging Face folder (default: the embedded SmolLM2)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--families", default=None, help=f"random models of these families: {','.join(FAMILY_SHAPES)}")
+    ap.add_argument("--max-ctx", type=int, default=1024, help="contexts are drawn between 64 and this many tokens")
+    ap.add_argument("--cache", default="/tmp/formcast_family_bench", help="where --families models are saved")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    global MAX_CTX
+    MAX_CTX = args.max_ctx
+    if args.families:
+        families_main(args)
+        return
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     batches = [int(b) for b in args.batches.split(",")]
@@ -253,6 +326,41 @@ def main() -> None:
             prefix = sum(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in zip(ref, got))
             print(f"greedy agreement {dtype} vs float32 on {len(prompts)} prompts x 32 tokens: identical outputs "
                   f"{same}/{len(prompts)}, tokens before the first difference {prefix / (32 * len(prompts)):.0%}")
+
+
+def families_main(args: argparse.Namespace) -> None:
+    """Decode ms/step of random models of several families, formcast against transformers."""
+    from transformers import AutoModelForCausalLM
+
+    batches = [int(b) for b in args.batches.split(",")]
+    dtype = args.dtypes.split(",")[0]
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, steps {args.steps}, dtype {dtype}, "
+          f"contexts 64..{MAX_CTX} tokens")  # fmt: skip
+    rows = []
+    for family in args.families.split(","):
+        folder = family_folder(family, Path(args.cache))
+        runner = ModelRunner(folder, dtype=dtype, max_total_tokens=MAX_CTX * max(batches) + 4096, max_running_requests=max(batches + [2]))
+        hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=DTYPES[dtype]).eval()
+        params = sum(p.numel() for p in hf.parameters())
+        warm = contexts(2, seed=99, vocab=runner.vocab_size)
+        formcast_run(runner, warm, 2)
+        hf_run(hf, warm, 2, pad_id=0)
+        for batch in batches:
+            prompts = contexts(batch, seed=batch, vocab=runner.vocab_size)
+            with MoeTimer(runner) as timer:
+                start = time.perf_counter()
+                ours = formcast_run(runner, prompts, args.steps)
+                total = time.perf_counter() - start
+            theirs = hf_run(hf, prompts, args.steps, pad_id=0)
+            moe_share = f"{timer.seconds / total:.0%}" if timer.blocks else ""
+            rows.append((family, params, batch, ours[1], theirs[1], moe_share))
+            print(f"  {family} batch {batch}: formcast {ours[1]:.1f} ms/step, transformers {theirs[1]:.1f} ms/step", flush=True)
+        del hf, runner
+    print("\n| family | params | batch | formcast decode tok/s | transformers decode tok/s | formcast / transformers | "
+          "formcast time in MoE blocks (prefill + decode) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for family, params, batch, fd, hd, share in rows:
+        print(f"| {family} | {params / 1e9:.2f}B | {batch} | {batch * 1e3 / fd:.1f} | {batch * 1e3 / hd:.1f} | {hd / fd:.2f}x | {share} |")
 
 
 if __name__ == "__main__":

@@ -67,6 +67,10 @@ class SamplingParams:
     top_logprobs_num: int = 0
     logprobs_mode: Literal["processed", "raw"] = "processed"
     return_hidden_states: bool = False
+    # Mixture-of-experts models: per generated token, the experts each MoE layer chose at the
+    # position that produced it (and, with ``return_routed_expert_weights``, their weights).
+    return_routed_experts: bool = False
+    return_routed_expert_weights: bool = False
     # Filled by normalize(tokenizer): longest stop string in tokens, for stop-string hold-back.
     stop_str_max_len: int = field(default=0, compare=False)
 
@@ -226,6 +230,8 @@ _DIRECT_FIELDS = {
     "structural_tag": "structural_tag",
     "grammar_compile_timeout": "grammar_compile_timeout",
     "return_hidden_states": "return_hidden_states",
+    "return_routed_experts": "return_routed_experts",
+    "return_routed_expert_weights": "return_routed_expert_weights",
 }
 
 

@@ -1,5 +1,5 @@
 """The model families beyond Llama against transformers' own classes on the same random weights
-(fp32, 1e-4): Qwen3, Gemma 2, Gemma 3, Phi-3 (LongRoPE, partial rotary), Qwen2-MoE (shared
+(fp32, 1e-4): Qwen3, Gemma 2, Gemma 3, Phi-3 (LongRoPE, partial rotary, sliding window), Qwen2-MoE (shared
 expert), Qwen3-MoE, Mixtral and OLMoE.
 
 Each tiny model is built here from a transformers config, its norm weights randomized (so a norm
@@ -48,6 +48,7 @@ FAMILIES = {
     )),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
         original_max_position_embeddings=128,  # 512 / 128: the cos/sin attention factor is not 1
+        sliding_window=WINDOW,  # Phi-3 slides every layer when the config sets a window
         rope_parameters={
             "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
             "short_factor": [1.0, 1.3, 1.7, 2.2, 3.0, 4.0], "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0],
@@ -85,8 +86,17 @@ def save_tiny(family: str, folder, **overrides):
     return model
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models on one torch thread: on a busy 2-core machine two oversubscribe badly."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family_pair(request, tmp_path_factory):
+def family_pair(request, tmp_path_factory, one_thread):
     folder = tmp_path_factory.mktemp(request.param)
     hf = save_tiny(request.param, folder)
     runner = ModelRunner(folder, dtype="float32", max_total_tokens=2048, max_running_requests=8)
@@ -104,6 +114,7 @@ def test_config_fields(family_pair):
         assert cfg.local_rope is not None and cfg.local_rope.theta == 1000.0 and cfg.rope.type == "linear"
     if family == "phi3":
         assert cfg.rotary_dim == 12 and cfg.context_len == 128 and cfg.rope.attention_factor > 1.1
+        assert cfg.layer_windows == (WINDOW,) * 4
     assert (cfg.moe is not None) == (family in MOE)
     if family == "qwen2_moe":
         assert cfg.moe.sparse_layers == (True, False, True, True) and cfg.moe.shared_intermediate_size == 48
@@ -220,3 +231,12 @@ def test_refusals_name_the_field(tmp_path):
             ModelConfig.from_dict({**cfg, **patch})
     with pytest.raises(ModelLoadError, match="clip_qkv"):
         ModelConfig.from_dict({**cfg, "architectures": ["OlmoeForCausalLM"], "num_experts": 4, "num_experts_per_tok": 2, "clip_qkv": 8.0})
+
+
+def test_eos_ids_from_config_and_generation_config(tmp_path):
+    save_tiny("qwen3", tmp_path, num_hidden_layers=1)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 2]}))
+    assert ModelConfig.from_folder(tmp_path).eos_token_ids == (2, 7)
+    (tmp_path / "generation_config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="generation_config.json"):
+        ModelConfig.from_folder(tmp_path)

@@ -28,10 +28,10 @@ def forces_text(matcher: GrammarMatcher) -> bool:
 
 def jumps_forward(req: Req, enabled: bool) -> bool:
     """Jump-forward applies to ``req``: every reported token must have been sampled when it
-    asked for logprobs or hidden states."""
+    asked for logprobs, hidden states or routed experts."""
     return (
         enabled and req.grammar is not None and req.grammar_applies
-        and not req.return_logprob and not req.return_hidden_states
+        and not req.return_logprob and not req.return_hidden_states and not req.return_routed_experts
     )  # fmt: skip
 
 

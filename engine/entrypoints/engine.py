@@ -13,8 +13,10 @@ queues for ``async_generate``), so any number of threads and event loops may cal
 
 Each result is ``{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
 "completion_tokens", "cached_tokens", "jump_forward_tokens", "output_token_logprobs",
-"output_top_logprobs", "input_token_logprobs", "hidden_states", "e2e_latency"}}``; logprob
-entries are ``(logprob, token_id, token_text)``. Streaming yields chunks of the same shape whose
+"output_top_logprobs", "input_token_logprobs", "hidden_states", "routed_experts",
+"routed_expert_weights", "e2e_latency"}}``; logprob entries are ``(logprob, token_id, token_text)``;
+``routed_experts`` (mixture-of-experts models, on request) holds per output token the expert ids
+each MoE layer chose, ``[moe_layer][k]``. Streaming yields chunks of the same shape whose
 ``text`` and ``output_ids`` are deltas; the last one carries the finish reason.
 """
 
@@ -60,7 +62,7 @@ class Engine:
             num_threads=args.num_threads,
         )
         self.tokenizer = _load_tokenizer(args.tokenizer_path or self.runner.model_path)
-        self.vocab = TokenVocabulary.from_tokenizer(self.tokenizer)
+        self.vocab = _with_model_eos(TokenVocabulary.from_tokenizer(self.tokenizer), self.runner.model_config.eos_token_ids)
         self.context_len = self.runner.context_len
         self.grammar_backend = GrammarBackend(self.vocab, num_workers=args.grammar_workers, budget=_budget(args))
         self.texts = TokenTexts(self.vocab, self.tokenizer)
@@ -236,6 +238,8 @@ class Engine:
             return_logprob=bool(params.logprobs),
             top_logprobs_num=params.top_logprobs_num,
             return_hidden_states=params.return_hidden_states,
+            return_routed_experts=params.return_routed_experts or params.return_routed_expert_weights,
+            return_routed_expert_weights=params.return_routed_expert_weights,
             stream=stream,
         )
 
@@ -275,6 +279,8 @@ class Engine:
             raise PromptError("prompt", f"has {len(ids)} tokens; the context holds {self.context_len} (prompt plus output)")
         if len(ids) + 1 > self.runner.max_total_tokens:
             raise PromptError("prompt", f"has {len(ids)} tokens; the KV cache holds {self.runner.max_total_tokens}")
+        if (params.return_routed_experts or params.return_routed_expert_weights) and self.runner.model_config.moe is None:
+            raise PromptError("return_routed_experts", f"the model ({self.runner.model_config.architecture}) has no experts")
 
     # ------------------------------------------------------------------ delivery
     def _submit(self, reqs: list[Req], channel: Any, loop: asyncio.AbstractEventLoop | None) -> None:
@@ -366,7 +372,19 @@ class Engine:
             meta["input_token_logprobs"] = [(lp, t, text(t)) for lp, t in step.input_token_logprobs]
         if step.hidden_states is not None:
             meta["hidden_states"] = step.hidden_states
+        if step.routed_experts is not None:
+            meta["routed_experts"] = step.routed_experts
+            if step.routed_expert_weights is not None:
+                meta["routed_expert_weights"] = step.routed_expert_weights
         return {"text": out.text_delta, "output_ids": list(step.new_token_ids), "meta_info": meta}
+
+
+def _with_model_eos(vocab: TokenVocabulary, model_eos: tuple[int, ...]) -> TokenVocabulary:
+    """The tokenizer's end tokens plus those the checkpoint's config / generation_config name."""
+    extra = {t for t in model_eos if 0 <= t < vocab.vocab_size} - vocab.eos_token_ids
+    if not extra:
+        return vocab
+    return TokenVocabulary.from_token_bytes(vocab.token_bytes, vocab.eos_token_ids | extra, vocab.special_token_ids)
 
 
 @dataclasses.dataclass

@@ -28,6 +28,8 @@ class ReqStepOutput:
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
     input_token_logprobs: list[tuple[float | None, int]] | None = None  # sent once
     hidden_states: list[list[float]] | None = None
+    routed_experts: list[list[list[int]]] | None = None  # for new_token_ids: [moe layer][k] expert ids
+    routed_expert_weights: list[list[list[float]]] | None = None
     forced_tokens: int = 0  # of completion_tokens, appended by jump-forward
 
 

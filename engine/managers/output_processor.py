@@ -64,8 +64,20 @@ class OutputProcessor:
                 pool.free(rejected)
             if req.return_hidden_states and logits.hidden_states is not None and len(req.output_ids) > produced:
                 req.hidden_states.append(logits.hidden_states[starts[row]].tolist())  # the state that chose the token
+            if req.return_routed_experts and logits.routed_experts is not None:
+                self._record_routes(req, logits, starts[row], len(req.output_ids) - produced)
             if not req.finished:
                 self._jump_forward(req)
+
+    @staticmethod
+    def _record_routes(req: Req, logits: LogitsProcessorOutput, start: int, added: int) -> None:
+        """The routes of the positions that produced the ``added`` tokens just kept (drafts that
+        verification rejected are not reported)."""
+        if added <= 0:
+            return
+        req.routed_experts.extend(logits.routed_experts[start : start + added].tolist())  # type: ignore[index]
+        if req.return_routed_expert_weights and logits.routed_expert_weights is not None:
+            req.routed_expert_weights.extend(logits.routed_expert_weights[start : start + added].tolist())
 
     def _apply_row(self, req: Req, result: RowResult, advanced: int) -> int:
         """Append the row's tokens up to a finish; returns how many drafts were kept. The mask
@@ -216,6 +228,10 @@ class OutputProcessor:
                     step.input_token_logprobs = list(zip(req.input_token_logprobs, req.origin_input_ids))
             if req.return_hidden_states:
                 step.hidden_states = req.hidden_states[start:]
+            if req.return_routed_experts:
+                step.routed_experts = req.routed_experts[start:]
+                if req.return_routed_expert_weights:
+                    step.routed_expert_weights = req.routed_expert_weights[start:]
             req.sent_offset = len(req.output_ids)
             req.reported = req.finished
             out.outputs.append(step)

@@ -41,6 +41,8 @@ class Req:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     return_hidden_states: bool = False
+    return_routed_experts: bool = False  # weights too when return_routed_expert_weights
+    return_routed_expert_weights: bool = False
     stream: bool = False
     # Filled by the scheduler.
     output_ids: list[int] = field(default_factory=list)
@@ -60,6 +62,8 @@ class Req:
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_token_logprobs: list[float | None] = field(default_factory=list)
     hidden_states: list[list[float]] = field(default_factory=list)
+    routed_experts: list[list[list[int]]] = field(default_factory=list)  # per output token: [moe layer][k]
+    routed_expert_weights: list[list[list[float]]] = field(default_factory=list)
     created: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     # Output tokens already handed to the detokenizer.

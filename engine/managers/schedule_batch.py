@@ -105,7 +105,7 @@ class ScheduleBatch:
         sampling = self.sampling_reqs()
         info = self._sampling_info(layout, vocab_size, token_to_kv_pool.device, eos_ids) if sampling else None
         hidden = CaptureHiddenMode.LAST if any(r.return_hidden_states for r in sampling) else CaptureHiddenMode.NULL
-        return ForwardBatch.init_new(
+        batch = ForwardBatch.init_new(
             inputs,
             req_to_token_pool,
             token_to_kv_pool,
@@ -114,6 +114,8 @@ class ScheduleBatch:
             return_logprob=any(r.return_logprob for r in sampling),
             capture_hidden_mode=hidden,
         )
+        batch.capture_routed_experts = any(r.return_routed_experts for r in sampling)
+        return batch
 
     def _sampling_info(self, layout: RowLayout, vocab_size: int, device: torch.device, eos_ids: frozenset[int]) -> SamplingBatchInfo:
         params, gens, grammar, prompts, outputs = [], [], [], [], []

@@ -192,7 +192,20 @@ class ModelConfig:
             cfg = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ModelLoadError(f"{path} is not valid JSON: {exc}") from None
-        return cls.from_dict(cfg)
+        config = cls.from_dict(cfg)
+        # generation_config.json lists the end-of-turn ids too (Qwen3: <|im_end|>, Gemma: <end_of_turn>)
+        gen_path = Path(folder) / "generation_config.json"
+        if gen_path.is_file():
+            try:
+                gen_eos = _eos_ids(json.loads(gen_path.read_text(encoding="utf-8")).get("eos_token_id"))
+            except (json.JSONDecodeError, TypeError, ValueError) as exc:
+                raise ModelLoadError(f"{gen_path}: eos_token_id unreadable: {exc}") from None
+            merged = tuple(dict.fromkeys(config.eos_token_ids + gen_eos))
+            if merged != config.eos_token_ids:
+                import dataclasses
+
+                config = dataclasses.replace(config, eos_token_ids=merged)
+        return config
 
 
 def _arch_from_model_type(model_type: Any) -> str:
@@ -230,7 +243,7 @@ def _layer_windows(cfg: dict[str, Any], family: str, num_layers: int) -> tuple[i
     """Per layer, the sliding window or None; () when every layer is global. ``layer_types``
     when the config lists them, else each family's default pattern as transformers derives it."""
     window = _sliding_window(cfg, family)
-    if window is None:
+    if window is None or family == "olmoe":  # transformers' OLMoE masks causally only
         return ()
     types = cfg.get("layer_types")
     if not types:
@@ -239,11 +252,11 @@ def _layer_windows(cfg: dict[str, Any], family: str, num_layers: int) -> tuple[i
         elif family == "gemma3_text":
             pattern = int(cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", 6)))
             types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
-        elif family in ("mistral", "mixtral"):
-            types = ["sliding_attention"] * num_layers
-        else:  # Qwen: the layers from max_window_layers on slide
+        elif family in ("qwen2", "qwen3", "qwen2_moe"):  # the layers from max_window_layers on slide
             first = int(cfg.get("max_window_layers", num_layers))
             types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+        else:  # Mistral, Mixtral, Phi-3, Qwen3-MoE: every layer
+            types = ["sliding_attention"] * num_layers
     if len(types) != num_layers:
         raise ModelLoadError(f"config.json: layer_types lists {len(types)} layers, num_hidden_layers is {num_layers}")
     for i, kind in enumerate(types):
