@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.tokenizer == "bytes":
             results = run_bytes(records, args.timeout, args.formats)
         else:
-            args.max_minutes = None
+            args.max_minutes, args.gc_freeze = None, False  # maskbench.run_pool's own options
             results = run_tokens(records, engines, args)
         if out:
             for r in results:

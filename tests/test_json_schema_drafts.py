@@ -8,13 +8,17 @@ import json
 
 import jsonschema
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from engine.constrained.grammar_backend import GrammarBackend
 from engine.sampling_params import InvalidSamplingParams, SamplingParams, to_sampling_params
-from grammar import SchemaError, TokenVocabulary
+from grammar import GrammarBudgetError, SchemaError, TokenVocabulary, UnsupportedFeatureError
 from grammar.compiler import compile_grammar
 from grammar.json_schema import json_schema_to_grammar
 from grammar.matcher import GrammarMatcher
+from property_budget import examples
+from test_json_schema_algebra import SETTINGS, _accepts, _orders, instances, schemas
 
 BYTES = TokenVocabulary.byte_level()
 VALIDATORS = {"draft4": jsonschema.Draft4Validator, "draft6": jsonschema.Draft6Validator, "draft7": jsonschema.Draft7Validator,
@@ -107,3 +111,24 @@ def test_options_travel_from_sampling_params_to_the_compiler():
         assert m.accept_bytes(b'"x"') and m.can_terminate()
     finally:
         backend.shutdown()
+
+
+@settings(SETTINGS, max_examples=examples(30))
+@given(st.sampled_from(list(VALIDATORS)), schemas, st.lists(instances, min_size=4, max_size=8))
+def test_generated_schemas_under_each_draft(draft, schema, values):
+    """The algebra's generated schemas (2020-12 keywords, which older drafts ignore) under each
+    draft, judged by that draft's validator."""
+    cls = VALIDATORS[draft]
+    assume(cls(cls.META_SCHEMA).is_valid(schema))
+    validator = cls(schema)
+    try:
+        compiled = compile_grammar(json_schema_to_grammar(schema, draft=draft), BYTES)
+    except (UnsupportedFeatureError, GrammarBudgetError):
+        assume(False)
+        return
+    except SchemaError as exc:
+        assert "unsatisfiable" in str(exc) and not any(validator.is_valid(v) for v in values), (draft, schema, exc)
+        return
+    for v in values:
+        ok = any(_accepts(compiled, json.dumps(o)) for o in _orders(v))
+        assert ok == validator.is_valid(v), (draft, schema, v, validator.is_valid(v))

@@ -166,3 +166,18 @@ def test_string_shortcut_inside_nested_unique_arrays_bans_what_simulation_bans()
     m = GrammarMatcher(compiled)
     assert m.accept_bytes(b'[["a","b"],["a","')
     assert tid('b"]') not in allowed(m) and tid('"]') in allowed(m)
+
+
+def test_duplicates_allowed_by_another_branch_and_the_mark_byte_never_allowed():
+    """A duplicate is marked for the automaton (byte 0xFF) and survives in the branch that allows
+    it; the model itself can never write that byte, not even where the grammar reads the mark."""
+    schema = {"anyOf": [{"maxItems": 2}, {"uniqueItems": True, "items": {"type": "integer"}}]}
+    compiled = compile_grammar(json_schema_to_grammar(schema, whitespace="compact"), VOCAB)
+    m = GrammarMatcher(compiled)
+    assert m.accept_bytes(b"[1,1")
+    ok = allowed(m)
+    assert 0xFF not in ok and ord("]") in ok and ord(",") not in ok  # a third item needs the unique branch
+    assert not m.copy().accept_token(0xFF) and not m.copy().accept_bytes(b"\xff]")
+    assert m.accept_token(ord("]")) and m.can_terminate()
+    m = GrammarMatcher(compiled)
+    assert m.accept_bytes(b"[1,2,") and tid("1]") not in allowed(m) and m.accept_bytes(b"3]") and m.can_terminate()

@@ -8,9 +8,10 @@ Otherwise ``unique_check`` enforces uniqueness while the text is produced, and n
 which arrays are unique: ``build_check`` makes a structure graph from the denotations, one node
 per value schema that can lead to a unique array, with its children by key (named keys, key
 languages) and by index (prefix positions, the rest, ``contains``). While scanning, each open
-container holds the set of nodes that apply to it; an array is unique when one of them says so.
-Taking every branch of a union (and every ``contains`` schema) over-approximates where
-uniqueness applies: a restriction at worst, never a duplicate accepted.
+container holds the set of nodes that apply to it; an array is tracked when one of them says
+so. Taking every branch of a union (and every ``contains`` schema) over-approximates where
+uniqueness may apply, and costs nothing in exactness: the check only marks duplicates, and the
+automaton's branches that allow duplicates read the marks (``unique_check``).
 """
 
 from __future__ import annotations
