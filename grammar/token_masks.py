@@ -90,11 +90,17 @@ def vocabulary_masks(vocab: TokenVocabulary) -> VocabularyMasks:
 def _warm_up(shared: VocabularyMasks) -> None:
     """Run every mask route once on a tiny grammar, so numba loads each compiled function
     (tens of milliseconds apiece) during per-vocabulary setup, not in a request's first masks."""
-    from . import char_dfa, ir
-    from .automaton import LazyAutomaton
-    from .fsm import build_nfa
+    from . import char_dfa
 
     char_dfa.load_kernels()  # the compile-time kernels (string and key-set products) as well
+    warm_up_masks(shared)
+
+
+def warm_up_masks(shared: VocabularyMasks) -> None:
+    """The mask routes of ``_warm_up`` (jit_warmup compiles them in a process of their own)."""
+    from . import ir
+    from .automaton import LazyAutomaton
+    from .fsm import build_nfa
 
     text = ir.star(ir.char_class([(0x20, 0x21), (0x23, 0x10FFFF)]))
     nested = ir.Grammar({"root": ir.choice(ir.seq(ir.literal('"'), text, ir.literal('"')),
