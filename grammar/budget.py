@@ -29,10 +29,12 @@ from .errors import GrammarBudgetError, GrammarTimeoutError
 # The backstop: far above what any compile the step budget lets through takes on a quiet machine
 # (BENCHMARKS.md, issue 25), so only a stalled or starved process reaches it.
 DEFAULT_COMPILE_SECONDS = 120.0
-# Compile steps (see ``charge``): about 10 s of work on a quiet 2-core machine of 2025.
-DEFAULT_COMPILE_STEPS = 200_000_000
-# Step weights (``charge``): a step is about the cost of parsing one source character; the
-# other units are weighted by their measured cost relative to it (BENCHMARKS.md, issue 25).
+# Compile steps (see ``charge``). A step is roughly a microsecond of compile work on a quiet
+# machine: the heaviest MaskBench schema known to compile (Github_medium o35868, 9.6 s) counts
+# 6.9 M steps, a 100,000-string enum 3.3 M, Kubernetes kb_1161 3.1 M (BENCHMARKS.md, issue 25).
+DEFAULT_COMPILE_STEPS = 25_000_000
+# Step weights (``charge``): one step per NFA state or parsed source character; the other units
+# weighted by their cost measured against those.
 STATE_STEPS = 1  # an NFA state built
 TRIE_WORD_STEPS = 30  # a word of a large alternation put into its trie
 RULE_CHECK_STEPS = 10  # a rule examined by a grammar-wide fixpoint check

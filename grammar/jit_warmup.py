@@ -79,10 +79,13 @@ class Warmup:
 
 def start(groups: tuple[str, ...] = GROUPS) -> Warmup:
     """Spawn one child per group unless the cache is already warm (then nothing is spawned)."""
+    global _tried
+    _tried = True  # this process has taken care of it: ensure_warm need not spawn again
     if is_warm() or os.environ.get("FORMCAST_NO_JIT_WARMUP"):
         return Warmup()
     root = str(_HERE.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
+               FORMCAST_NO_JIT_WARMUP="1")
     procs = [
         subprocess.Popen([sys.executable, "-m", "grammar.jit_warmup", group], env=env, cwd=root,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -92,8 +95,22 @@ def start(groups: tuple[str, ...] = GROUPS) -> Warmup:
 
 
 def warm_up_now(progress: Callable[[str], None] | None = None) -> bool:
-    """Compile every group in parallel children and wait (``formcast warmup``; CI images)."""
+    """Compile every group in parallel children and wait (CI images, ``Engine`` while loading)."""
     return start().wait(progress)
+
+
+_tried = False
+
+
+def ensure_warm() -> None:
+    """Once per process: on a cold cache, compile in parallel children before first use (with a
+    progress line on stderr); on a warm one, nothing."""
+    global _tried
+    if _tried:
+        return
+    _tried = True
+    if not is_warm():
+        warm_up_now(progress=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def _strings() -> None:

@@ -81,6 +81,10 @@ def vocabulary_masks(vocab: TokenVocabulary) -> VocabularyMasks:
     with _VOCABULARIES_LOCK:
         shared = _VOCABULARIES.get(vocab.fingerprint)
         if shared is None:
+            from . import jit_warmup
+
+            # A cold numba cache (first use after an install) compiles in parallel children.
+            jit_warmup.ensure_warm()
             shared = VocabularyMasks(vocab, TokenTrie.from_vocab(vocab))
             _warm_up(shared)
             _VOCABULARIES[vocab.fingerprint] = shared

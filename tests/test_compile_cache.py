@@ -213,7 +213,8 @@ _COLD_SCRIPT = """
 import hashlib, json, sys
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/tests")
 from grammar import jit_warmup
-if sys.argv[2] == "warmup":
+if sys.argv[2] == "warmup":  # the two children compile into the empty cache; this process loads
+    assert not jit_warmup.is_warm()
     assert jit_warmup.warm_up_now()
     assert jit_warmup.is_warm()
 import test_compile_cache as t
@@ -226,8 +227,47 @@ print(json.dumps(out))
 @pytest.mark.parametrize("how", ["warmup", "first-use"])
 def test_an_empty_numba_cache_gives_the_same_results(tmp_path, plain, how):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    if how == "first-use":  # every kernel compiled in this process on first use, no children
+        env["FORMCAST_NO_JIT_WARMUP"] = "1"
     proc = subprocess.run([sys.executable, "-c", _COLD_SCRIPT, str(ROOT), how], env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     cold = json.loads(proc.stdout.strip().splitlines()[-1])
     assert cold == {c.digest: plain[c] for c in CONSTRAINTS}
     assert any((tmp_path / "numba").rglob("*.nbi")), "the child compiled into the empty cache"
+
+
+# --- precompile ----------------------------------------------------------------------------------
+
+
+def test_backend_precompile_fills_the_store_a_restart_reads(tmp_path):
+    from engine.constrained.grammar_backend import GrammarBackend
+    from engine.sampling_params import SamplingParams
+
+    api.clear_cache()
+    backend = GrammarBackend(VOCAB, disk=DiskCache(tmp_path))
+    try:
+        out = backend.precompile([{"json_schema": SCHEMA}, SamplingParams(regex="[0-9]+"), {"regex": "(unclosed"}, {"json_schema": "{"}])
+    finally:
+        backend.shutdown()
+    assert out[:2] == [None, None] and "regex" in out[2] and "json_schema" in out[3]
+    assert len(list(tmp_path.glob("*.npz"))) == 2
+    api.clear_cache()
+    restarted = GrammarBackend(VOCAB, disk=DiskCache(tmp_path))
+    try:
+        compiled = restarted.compile(SamplingParams(json_schema=SCHEMA))
+        assert compiled.grammar is None and restarted.disk.stats["hits"] == 1
+    finally:
+        restarted.shutdown()
+
+
+def test_formcast_precompile_command(tmp_path, smollm2_vocab, capsys):
+    from engine.entrypoints.cli import main
+
+    lines = [json.dumps(SCHEMA), json.dumps({"regex": "[a-z]{3}"}), json.dumps({"type": "string", "minLength": 1_000_000_000})]
+    path = tmp_path / "constraints.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    code = main(["precompile", str(path), "--cache-dir", str(tmp_path / "store")])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 1  # one constraint was refused
+    assert out[0] == "0: compiled" and out[1] == "1: compiled" and out[2].startswith("2: refused: json_schema:")
+    assert len(list((tmp_path / "store").glob("*.npz"))) == 2

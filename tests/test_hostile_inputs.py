@@ -73,7 +73,7 @@ def test_every_case_has_an_expected_outcome():
 def test_hostile_case_ends_within_budget(name):
     result = run_case(name)
     # A crash or a timeout shows the child's own words: that is the bug to fix.
-    # run_case kills a child past CASE_SECONDS ("timeout"): the outcome check covers hangs too.
+    # run_case stops a child past CASE_CPU_SECONDS of CPU time ("timeout"): the outcome check covers hangs too.
     assert result.outcome == EXPECTED[name], (result.outcome, result.message)
     if result.outcome == "GrammarBudgetError":
         assert "budget" in result.message or "limit" in result.message or "deeper than" in result.message, result.message

@@ -430,9 +430,11 @@ def _rids(rid: Any, count: int) -> list[str]:
 
 
 def _disk_cache(args: EngineArgs) -> Any:
-    """The engine's on-disk store of compiled grammars (FORMCAST_GRAMMAR_CACHE overrides the
-    directory; "off" there or None in the args: none)."""
-    directory = os.environ.get("FORMCAST_GRAMMAR_CACHE") or args.grammar_cache_dir
+    """The engine's on-disk store of compiled grammars: ``grammar_cache_dir``; its "default" is
+    $FORMCAST_GRAMMAR_CACHE when set ("off": none), else $FORMCAST_CACHE/grammars."""
+    directory = args.grammar_cache_dir
+    if directory == "default":
+        directory = os.environ.get("FORMCAST_GRAMMAR_CACHE") or directory
     if directory is None or directory == "off":
         return None
     return disk_cache.DiskCache(disk_cache.default_directory() if directory == "default" else directory, args.grammar_cache_bytes)
