@@ -138,6 +138,14 @@ class GrammarBackend:
         future = self.submit(params)
         return None if future is None else future.result()
 
+    def start_compile_processes(self) -> None:
+        """Start the compile processes now (in the background) and have them load their kernels,
+        so the first constrained request does not wait for a process to start."""
+        if self._processes is not None:
+            probe = Constraint.json_schema({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3})
+            for _ in range(self._processes.size):
+                self._pool.submit(self._processes, probe, CompileBudget())
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:

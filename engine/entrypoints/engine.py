@@ -80,6 +80,7 @@ class Engine:
             self.vocab, num_workers=args.grammar_workers, budget=_budget(args),
             compile_processes=args.grammar_compile_processes, disk=_disk_cache(args),
         )
+        self.grammar_backend.start_compile_processes()
         self.texts = TokenTexts(self.vocab, self.tokenizer)
         self._detokenizer = Detokenizer(self.texts)
         self._requests: dict[str, _Pending] = {}
