@@ -33,3 +33,12 @@ class InvalidSamplingParams(FieldError):
 
 class InvalidGrammar(FieldError, GrammarError):
     """A constraint that cannot be compiled."""
+
+    retryable = False
+
+
+class CompileTimeout(InvalidGrammar):
+    """The compile ran past its wall-clock backstop: the machine was slow, the constraint was
+    not refused (never cached; a retry may succeed; 503 over HTTP)."""
+
+    retryable = True

@@ -3,7 +3,8 @@
 Needs no torch. Public names:
 - ``TokenVocabulary``: token id -> bytes, EOS/special ids.
 - ``compile_regex``, ``compile_json_schema``, ``compile_ebnf``, ``compile_lark``,
-  ``compile_structural_tag``, ``compile_choice``, ``compile_grammar`` -> ``CompiledGrammar``.
+  ``compile_structural_tag``, ``compile_choice``, ``compile_grammar`` -> ``CompiledGrammar``;
+  each builds a ``Constraint`` (kind, source, options: the one cache key) for ``compile_constraint``.
 - ``GrammarMatcher``: per-request state over a ``CompiledGrammar``.
 - ``allocate_token_bitmask`` and the bitmask helpers.
 """
@@ -22,6 +23,7 @@ from .errors import (
     GrammarBudgetError,
     GrammarError,
     GrammarSyntaxError,
+    GrammarTimeoutError,
     RegexSyntaxError,
     SchemaError,
     UnsupportedFeatureError,
@@ -39,6 +41,8 @@ _LAZY = {
     "compile_lark": "api",
     "compile_structural_tag": "api",
     "compile_choice": "api",
+    "compile_constraint": "api",
+    "Constraint": "constraint",
     "StructuralTagItem": "structural_tag",
     "GrammarMatcher": "matcher",
 }
@@ -57,6 +61,7 @@ __all__ = [
     "GrammarBudgetError",
     "GrammarError",
     "GrammarSyntaxError",
+    "GrammarTimeoutError",
     "RegexSyntaxError",
     "SchemaError",
     "UnsupportedFeatureError",

@@ -1,21 +1,26 @@
 """The public ``compile_*`` entry points: front end -> IR -> :class:`CompiledGrammar`, cached.
 
-The cache key is (kind, source text, options, budget, vocabulary fingerprint), so requests that
-share a constraint share one compiled grammar and its growing mask cache.
+Each entry point builds a :class:`Constraint` and calls :func:`compile_constraint`. The cache
+key is (``Constraint``, the budget's verdict limits, vocabulary fingerprint), so requests that
+share a constraint share one compiled grammar and its growing mask cache; the on-disk store
+(``disk_cache``, when configured) keeps the compiled NFAs across restarts, and a caller may run
+the front end in another process (``front_end``: the engine's compile pool), receiving the NFA
+as arrays.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
-from . import ir
-from .budget import CompileBudget, check_document_depth, compile_deadline
 from .caches import CACHES
+from . import disk_cache
+from .budget import CompileBudget, charge, compile_scope, steps_used
 from .compiler import CompiledGrammar, compile_grammar  # noqa: F401 (re-exported)
-from .errors import GrammarBudgetError, GrammarError, SchemaError
+from .constraint import Constraint
+from .errors import GrammarBudgetError
+from .fsm import ByteNFA, build_nfa
 from .token_masks import vocabulary_masks
 from .vocab import TokenVocabulary
 
@@ -32,11 +37,41 @@ def clear_cache(*, keep_setup: bool = False) -> None:
         CACHES.clear(keep_setup=keep_setup)
 
 
-def _compile(
-    kind: str, source: str, options: tuple, make_ir: Callable[[], ir.Grammar], vocab: TokenVocabulary, budget: CompileBudget | None
+# A front end run elsewhere (another process): (constraint, budget) -> (NFA payload or None when
+# the grammar must be compiled here, steps counted); raises what the in-process front end raises.
+FrontEnd = Callable[[Constraint, CompileBudget], "tuple[dict | None, int]"]
+
+
+def front_end_payload(constraint: Constraint, budget: CompileBudget) -> tuple[dict | None, int]:
+    """Front end and NFA construction of ``constraint`` as arrays (run in a compile process: what
+    crosses back is ``ByteNFA.to_payload``, not Python objects). None for a grammar with a
+    vocabulary-aware check, which is compiled in the caller's process."""
+    with compile_scope(budget):
+        grammar = constraint.to_ir()
+        if grammar.check is not None:
+            return None, steps_used()
+        nfa = build_nfa(grammar, budget.max_nfa_states)
+        charge("building the automaton")
+        return nfa.to_payload(), steps_used()
+
+
+_CONFIGURED = object()
+
+
+def compile_constraint(
+    constraint: Constraint,
+    vocab: TokenVocabulary,
+    budget: CompileBudget | None = None,
+    *,
+    front_end: FrontEnd | None = None,
+    disk: "disk_cache.DiskCache | None | object" = _CONFIGURED,
 ) -> CompiledGrammar:
+    """The compiled grammar of ``constraint``: from the in-memory cache, else from the on-disk
+    store ``disk`` (default: the process's, ``disk_cache.configure``; None: none), else compiled
+    (by ``front_end`` in another process when given) and stored. Raises a GrammarError subclass (GrammarTimeoutError: the
+    wall-clock backstop ran out, which is not a verdict)."""
     budget = budget or CompileBudget()
-    key = (kind, source, options, budget, vocab.fingerprint)
+    key = (constraint, budget.verdict_key(), vocab.fingerprint)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
@@ -45,12 +80,31 @@ def _compile(
     # Per-vocabulary setup (the token trie, numba loading or compiling its kernels: a minute on a
     # fresh machine) is shared by every constraint, so it is no constraint's budget.
     vocabulary_masks(vocab)
+    kind, source = constraint.kind, constraint.source
+    if disk is _CONFIGURED:
+        disk = disk_cache.active()
+    assert disk is None or isinstance(disk, disk_cache.DiskCache)
+    disk_key = disk.key(constraint, vocab.fingerprint, budget) if disk is not None else ""
+    nfa = disk.load(disk_key) if disk is not None else None
     stage = f"reading the {kind.replace('_', ' ')}"
     try:
-        with compile_deadline(budget.max_compile_seconds, budget.max_nesting_depth):
-            grammar = make_ir()
-            stage = "building the automaton"
-            compiled = CompiledGrammar(grammar, vocab, budget, kind=kind, source=source)
+        if nfa is not None:
+            compiled = CompiledGrammar(None, vocab, budget, kind=kind, source=source, nfa=nfa)
+        else:
+            payload = None
+            if front_end is not None:
+                payload, steps = front_end(constraint, budget)
+            if payload is not None:
+                compiled = CompiledGrammar(None, vocab, budget, kind=kind, source=source, nfa=ByteNFA.from_payload(payload))
+                compiled.compile_steps = steps
+            else:
+                with compile_scope(budget):
+                    grammar = constraint.to_ir()
+                    stage = "building the automaton"
+                    compiled = CompiledGrammar(grammar, vocab, budget, kind=kind, source=source)
+                    compiled.compile_steps = steps_used()
+            if disk is not None and compiled.check is None:
+                disk.store(disk_key, compiled.nfa)
     except RecursionError:
         # The explicit depth budgets catch what real constraints nest; this is the backstop for
         # a shape they do not measure, so no RecursionError reaches a caller.
@@ -59,6 +113,7 @@ def _compile(
         raise GrammarBudgetError(f"constraint too large to compile (out of memory while {stage})") from None
     except OverflowError as exc:
         raise GrammarBudgetError(f"constraint has a number too large to compile ({exc}, while {stage})") from None
+    compiled.constraint = constraint
     with _CACHE_LOCK:
         _CACHE[key] = compiled
         while len(_CACHE) > CACHE_SIZE:
@@ -70,12 +125,7 @@ def compile_regex(
     pattern: str, vocab: TokenVocabulary, *, flavor: str = "python", budget: CompileBudget | None = None
 ) -> CompiledGrammar:
     """A grammar accepting exactly the strings ``re.fullmatch(pattern, s, re.ASCII)`` accepts."""
-    from .regex import regex_to_ir
-
-    def make_ir() -> ir.Grammar:
-        return ir.Grammar({"root": regex_to_ir(pattern, flavor=flavor, mode="fullmatch")}, "root", "regex")
-
-    return _compile("regex", pattern, (flavor,), make_ir, vocab, budget)
+    return compile_constraint(Constraint.regex(pattern, flavor=flavor), vocab, budget)
 
 
 def compile_json_schema(
@@ -90,65 +140,32 @@ def compile_json_schema(
     json_schema_formats: str = "assert",
     budget: CompileBudget | None = None,
 ) -> CompiledGrammar:
-    """A grammar accepting JSON documents valid against ``schema`` (see ``json_schema``).
-    ``json_schema_draft``: the draft of a schema without ``$schema`` (None: formcast's default,
-    2020-12 with the older spellings); ``json_schema_formats``: "assert" or "annotate"."""
-    from .json_schema import json_schema_to_grammar
-
-    limit = (budget or CompileBudget()).max_nesting_depth
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except RecursionError:
-            raise GrammarBudgetError(
-                f"the schema document nests deeper than Python's JSON parser reads, over the {2 * limit} levels "
-                f"allowed (two a subschema; CompileBudget.max_nesting_depth={limit})"
-            ) from None
-        except json.JSONDecodeError as exc:
-            raise SchemaError(f"schema is not valid JSON: {exc}") from None
-    check_document_depth(schema, "the schema document", limit)
-    # Key order matters (properties are emitted in their listed order): never sort keys here.
-    source = json.dumps(schema)
-    options: dict[str, Any] = dict(whitespace=whitespace, strict_properties=strict_properties, relax_keywords=tuple(sorted(relax_keywords)))
-    if json_schema_draft is not None:
-        options["draft"] = json_schema_draft
-    if json_schema_formats != "assert":
-        options["formats"] = json_schema_formats
-    if max_whitespace is not None:
-        options["max_whitespace"] = max_whitespace
-    return _compile(
-        "json_schema", source, tuple(sorted(options.items())), lambda: json_schema_to_grammar(schema, **options), vocab, budget
+    """A grammar accepting JSON documents valid against ``schema`` (see ``json_schema``)."""
+    constraint = Constraint.json_schema(
+        schema, whitespace=whitespace, strict_properties=strict_properties, max_whitespace=max_whitespace,
+        relax_keywords=relax_keywords, max_nesting_depth=(budget or CompileBudget()).max_nesting_depth,
+        draft=json_schema_draft, formats=json_schema_formats,
     )
+    return compile_constraint(constraint, vocab, budget)
 
 
 def compile_ebnf(text: str, vocab: TokenVocabulary, *, root: str = "root", budget: CompileBudget | None = None) -> CompiledGrammar:
     """A grammar from XGrammar/GBNF-style EBNF (``root ::= ...``)."""
-    from .ebnf import ebnf_to_grammar
-
-    return _compile("ebnf", text, (root,), lambda: ebnf_to_grammar(text, root=root), vocab, budget)
+    return compile_constraint(Constraint.ebnf(text, root=root), vocab, budget)
 
 
 def compile_lark(text: str, vocab: TokenVocabulary, *, start: str = "start", budget: CompileBudget | None = None) -> CompiledGrammar:
     """A grammar from Lark syntax."""
-    from .lark_grammar import lark_to_grammar
-
-    return _compile("lark", text, (start,), lambda: lark_to_grammar(text, start=start), vocab, budget)
+    return compile_constraint(Constraint.lark(text, start=start), vocab, budget)
 
 
 def compile_structural_tag(
     tags: list, triggers: list[str], vocab: TokenVocabulary, *, budget: CompileBudget | None = None
 ) -> CompiledGrammar:
     """Free text with tool calls: see ``structural_tag``."""
-    from .structural_tag import structural_tag_to_grammar
-
-    source = json.dumps([[getattr(t, "__dict__", t) for t in tags], list(triggers)], default=str)  # order matters
-    return _compile("structural_tag", source, (), lambda: structural_tag_to_grammar(tags, triggers), vocab, budget)
+    return compile_constraint(Constraint.structural_tag(tags, triggers), vocab, budget)
 
 
 def compile_choice(options: list[str], vocab: TokenVocabulary, *, budget: CompileBudget | None = None) -> CompiledGrammar:
     """Exactly one of ``options``."""
-    from .structural_tag import choice_to_grammar
-
-    if not options:
-        raise GrammarError("choice needs at least one option")
-    return _compile("choice", json.dumps(list(options)), (), lambda: choice_to_grammar(list(options)), vocab, budget)
+    return compile_constraint(Constraint.choice(options), vocab, budget)

@@ -18,10 +18,10 @@ import numpy as np
 
 from . import ir
 from .automaton import DEAD, AutomatonBudget, LazyAutomaton
-from .budget import CompileBudget, check_deadline, compile_deadline
+from .budget import CompileBudget, charge, compile_scope, steps_used
 from .bitmask import bitmask_width, pack_bool_mask
 from .completion import CompletionDistance
-from .fsm import build_nfa
+from .fsm import ByteNFA, build_nfa
 from .lru import ByteLRU
 from .token_masks import GrammarMasks, vocabulary_masks
 from .vocab import TokenVocabulary
@@ -39,24 +39,35 @@ class CompiledGrammar:
 
     def __init__(
         self,
-        grammar: ir.Grammar,
+        grammar: ir.Grammar | None,
         vocab: TokenVocabulary,
         budget: CompileBudget | None = None,
         *,
         kind: str = "ir",
         source: str = "",
+        nfa: ByteNFA | None = None,
     ) -> None:
+        """From the IR ``grammar``, or from its already built ``nfa`` (compiled in another
+        process or read from disk; ``grammar`` is then None: such grammars carry no check)."""
         self.budget = budget or CompileBudget()
         self.grammar = grammar
+        self.check = grammar.check if grammar is not None else None  # a vocabulary-aware check (uniqueItems)
         self.vocab = vocab
         self.kind = kind
         self.source = source
+        self.constraint = None  # the Constraint it was compiled from (set by api.compile_constraint)
         self.vocabulary_masks = vocabulary_masks(vocab)  # per vocabulary, outside the budget (see api)
-        if grammar.check is not None:
-            grammar.check.prepare(vocab.token_bytes)  # its per-vocabulary indexes, built once
-        with compile_deadline(self.budget.max_compile_seconds, self.budget.max_nesting_depth):
-            self.nfa = build_nfa(grammar, self.budget.max_nfa_states)
-            check_deadline("building the automaton")
+        if self.check is not None:
+            self.check.prepare(vocab.token_bytes)  # its per-vocabulary indexes, built once
+        if nfa is not None:
+            self.nfa, self.compile_steps = nfa, 0
+        else:
+            assert grammar is not None
+            with compile_scope(self.budget):
+                self.nfa = build_nfa(grammar, self.budget.max_nfa_states)
+                charge("building the automaton")
+                # Work counted for this compile (the front end's too under api's scope): machine-free.
+                self.compile_steps = steps_used()
         self.automaton = LazyAutomaton(
             self.nfa,
             AutomatonBudget(max_states=self.budget.max_automaton_states, max_stack_depth=self.budget.max_stack_depth),

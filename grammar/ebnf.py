@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 
 from . import ir
-from .budget import check_deadline
+from .budget import charge
 from .trie_choice import trie_choice
 from .errors import GrammarSyntaxError, UnsupportedFeatureError
 
@@ -121,9 +121,9 @@ class _Parser:
     def parse(self) -> None:
         self.skip_space()
         while self.pos < len(self.text):
-            if len(self.rules) & 255 == 0:
-                check_deadline("parsing the EBNF grammar")
+            start = self.pos
             self.parse_rule()
+            charge("parsing the EBNF grammar", self.pos - start)
             self.skip_space()
 
     def parse_rule(self) -> None:

@@ -45,3 +45,11 @@ class UnsupportedFeatureError(GrammarError):
 
 class GrammarBudgetError(GrammarError):
     """A constraint whose automaton would exceed the configured state, memory or time budget."""
+
+
+class GrammarTimeoutError(GrammarError):
+    """A compile stopped by the wall-clock backstop (``CompileBudget.max_compile_seconds``): a
+    statement about the machine's load, not a refusal of the constraint. Never cached as one;
+    a retry may succeed."""
+
+    retryable = True

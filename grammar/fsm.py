@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import ir
-from .budget import check_deadline
+from .budget import STATE_STEPS, charge
 from .errors import GrammarBudgetError
 from .rule_graph import RuleGraph, children
 
@@ -58,7 +58,32 @@ class ByteNFA:
 
     @property
     def has_calls(self) -> bool:
-        return bool(self.call_src)
+        return len(self.call_src) > 0
+
+    _LISTS = ("eps_src", "eps_dst", "edge_src", "edge_lo", "edge_hi", "edge_dst", "call_src", "call_rule", "call_ret",
+              "final_rule", "rule_start", "rule_final")
+
+    def to_payload(self) -> dict[str, np.ndarray]:
+        """The NFA as flat int32 arrays (what crosses to another process and goes to disk)."""
+        out = {name: np.asarray(getattr(self, name), dtype=np.int32) for name in self._LISTS}
+        out["header"] = np.array([self.num_states, self.root_rule, int(self.recursive)], dtype=np.int64)
+        out["rule_names"] = np.frombuffer("\0".join(self.rule_names).encode("utf-8", "surrogatepass"), dtype=np.uint8)
+        return out
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, np.ndarray]) -> "ByteNFA":
+        """The inverse of :meth:`to_payload` (raises KeyError/ValueError on a damaged payload).
+        The edge columns stay int32 arrays (no Python list rebuilt: the caller's GIL is held for
+        none of a big grammar's millions of entries)."""
+        num_states, root_rule, recursive = (int(x) for x in payload["header"])
+        names = bytes(payload["rule_names"]).decode("utf-8", "surrogatepass")
+        nfa = cls(num_states=num_states, root_rule=root_rule, recursive=bool(recursive),
+                  rule_names=names.split("\0") if names else [],
+                  **{name: np.asarray(payload[name], dtype=np.int32) for name in cls._LISTS})
+        lengths = {len(nfa.eps_src), len(nfa.eps_dst)}, {len(nfa.edge_src), len(nfa.edge_lo), len(nfa.edge_hi), len(nfa.edge_dst)}
+        if any(len(group) != 1 for group in lengths) or len(nfa.final_rule) != num_states or len(nfa.rule_start) != len(nfa.rule_names):
+            raise ValueError("inconsistent NFA payload")
+        return nfa
 
     def arrays(self) -> "NFAArrays":
         """The NFA in compressed-row form for the compiled determinizer (built once)."""
@@ -101,14 +126,21 @@ class NFAArrays:
         )
 
 
+def _int32(values) -> np.ndarray:
+    """A column as int32 (a built NFA holds lists, one read from a payload holds arrays)."""
+    if isinstance(values, np.ndarray):
+        return values.astype(np.int32, copy=False)
+    return np.fromiter(values, dtype=np.int32, count=len(values))
+
+
 def _csr(n: int, src: list[int], *columns: list[int]) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
     """Row pointers over states 0..n-1 and the columns of edges grouped by source state (a
     stable sort: a state's edges keep the order they were added in)."""
-    src_arr = np.fromiter(src, dtype=np.int32, count=len(src))
+    src_arr = _int32(src)
     order = np.argsort(src_arr, kind="stable")
     ptr = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(np.bincount(src_arr, minlength=n), out=ptr[1:])
-    cols = tuple(np.fromiter(c, dtype=np.int32, count=len(c))[order] for c in columns)
+    cols = tuple(_int32(c)[order] for c in columns)
     return ptr, cols
 
 
@@ -175,8 +207,8 @@ class _Builder:
             raise GrammarBudgetError(
                 f"grammar needs more than {self.max_states} automaton states (raise CompileBudget.max_nfa_states)"
             )
-        if n & 4095 == 0:
-            check_deadline("building the automaton")
+        if n & 4095 == 4095:  # a block of 4096 states built
+            charge("building the automaton", 4096 * STATE_STEPS)
         nfa.num_states = n + 1
         nfa.final_rule.append(-1)
         return n
@@ -289,7 +321,7 @@ class _Builder:
                 f"grammar needs more than {self.max_states} automaton states (raise CompileBudget.max_nfa_states)"
             )
         if (n + count) >> 12 != n >> 12:
-            check_deadline("building the automaton")
+            charge("building the automaton", (((n + count) >> 12) - (n >> 12)) * 4096 * STATE_STEPS)
         nfa.num_states = n + count
         nfa.final_rule.extend(itertools.repeat(-1, count))
         return n

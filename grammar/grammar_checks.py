@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 from . import ir
-from .budget import check_deadline
+from .budget import RULE_CHECK_STEPS, charge
 from .errors import GrammarSyntaxError
 from .rule_graph import on_cycles, strongly_connected_components
 
@@ -202,7 +202,7 @@ def _fixpoint(grammar: ir.Grammar, test: Callable[[ir.Expr, set[str]], bool]) ->
         queued.discard(name)
         steps += 1
         if steps & 1023 == 0:
-            check_deadline("checking the grammar's rules")
+            charge("checking the grammar's rules", 1024 * RULE_CHECK_STEPS)
         if name in found or not test(grammar.rules[name], found):
             continue
         found.add(name)

@@ -25,7 +25,7 @@ class GrammarMatcher:
         self.compiled = compiled
         self.max_rollback_tokens = max_rollback_tokens
         self._states: list[int] = [compiled.initial_state]
-        self._check = compiled.grammar.check
+        self._check = compiled.check
         self._checks: list = [self._check.start()] if self._check is not None else []
         self._terminated = False
         self._terminated_at: int | None = None  # history length when EOS was accepted

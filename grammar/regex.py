@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal as _Lit
 
 from . import ir
-from .budget import check_deadline
+from .budget import charge
 from .trie_choice import trie_choice
 
 # Characters that stand for themselves in every flavor (no syntax, no surrogates).
@@ -163,7 +163,7 @@ class _Parser:
         while self.i < self.n:
             steps += 1
             if steps & 4095 == 0:
-                check_deadline("parsing the regex")
+                charge("parsing the regex", 4096)
             c = self.p[self.i]
             if self.py and self.flags.verbose and c in _VERBOSE_WS + "#":
                 self.skip_verbose(c)

@@ -82,6 +82,10 @@ def vocabulary_masks(vocab: TokenVocabulary) -> VocabularyMasks:
     with _VOCABULARIES_LOCK:
         shared = _VOCABULARIES.get(vocab.fingerprint)
         if shared is None:
+            from . import jit_warmup
+
+            # A cold numba cache (first use after an install) compiles in parallel children.
+            jit_warmup.ensure_warm()
             shared = VocabularyMasks(vocab, TokenTrie.from_vocab(vocab))
             _warm_up(shared)
             _VOCABULARIES[vocab.fingerprint] = shared
@@ -91,11 +95,17 @@ def vocabulary_masks(vocab: TokenVocabulary) -> VocabularyMasks:
 def _warm_up(shared: VocabularyMasks) -> None:
     """Run every mask route once on a tiny grammar, so numba loads each compiled function
     (tens of milliseconds apiece) during per-vocabulary setup, not in a request's first masks."""
-    from . import char_dfa, ir
-    from .automaton import LazyAutomaton
-    from .fsm import build_nfa
+    from . import char_dfa
 
     char_dfa.load_kernels()  # the compile-time kernels (string and key-set products) as well
+    warm_up_masks(shared)
+
+
+def warm_up_masks(shared: VocabularyMasks) -> None:
+    """The mask routes of ``_warm_up`` (jit_warmup compiles them in a process of their own)."""
+    from . import ir
+    from .automaton import LazyAutomaton
+    from .fsm import build_nfa
 
     text = ir.star(ir.char_class([(0x20, 0x21), (0x23, 0x10FFFF)]))
     nested = ir.Grammar({"root": ir.choice(ir.seq(ir.literal('"'), text, ir.literal('"')),

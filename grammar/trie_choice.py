@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Union
 
 from . import ir
-from .budget import check_deadline
+from .budget import TRIE_WORD_STEPS, charge
 
 # Below this many sequence-like alternatives a plain choice is as good and keeps the IR familiar.
 TRIE_MIN_ALTERNATIVES = 32
@@ -81,8 +81,8 @@ def _radix_graph(words: list[str]) -> ir.Graph:
     finals: set[int] = set()
     previous = ""
     for count, word in enumerate(words):
-        if count & 4095 == 0:
-            check_deadline("building the trie of a large alternation")
+        if count & 4095 == 4095:
+            charge("building the trie of a large alternation", 4096 * TRIE_WORD_STEPS)
         shared = _common_prefix_length(previous, word)
         last = -1
         while depth[stack[-1]] > shared:
@@ -131,8 +131,8 @@ def _trie_graph(words: list[list[Atom]]) -> ir.Graph:
     children: list[dict[Atom, int]] = [{}]
     final = [False]
     for count, word in enumerate(words):
-        if count & 4095 == 0:
-            check_deadline("building the trie of a large alternation")
+        if count & 4095 == 4095:
+            charge("building the trie of a large alternation", 4096 * TRIE_WORD_STEPS)
         node = 0
         for atom in word:
             nxt = children[node].get(atom)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from grammar import GrammarBudgetError, GrammarError, TokenVocabulary, allocate_token_bitmask, ir, unpack_bitmask
+from grammar import GrammarBudgetError, GrammarError, GrammarTimeoutError, TokenVocabulary, allocate_token_bitmask, ir, unpack_bitmask
 from grammar.compiler import CompileBudget, compile_grammar
 from grammar.matcher import GrammarMatcher
 
@@ -172,7 +172,11 @@ def test_bitmask_wider_than_vocab_is_zeroed_and_torch_view_works():
     assert (t[0] == -1).all()
 
 
-def test_time_budget():
+def test_time_backstop_and_step_budget():
     g = G(ir.repeat(ir.char_class([(0x80, 0x10FFFF)]), 0, 200_000))
-    with pytest.raises(GrammarBudgetError, match="ran past its 0 s budget while building the automaton"):
+    # The wall clock is a backstop: its expiry says "retry may succeed", it refuses nothing.
+    with pytest.raises(GrammarTimeoutError, match="ran past its 0 s budget while building the automaton"):
         compile_grammar(g, VOCAB, budget=CompileBudget(max_compile_seconds=0.0))
+    # Counted work refuses, whatever the clock says.
+    with pytest.raises(GrammarBudgetError, match="steps of work .*building the automaton.*max_compile_steps"):
+        compile_grammar(g, VOCAB, budget=CompileBudget(max_compile_steps=10_000, max_compile_seconds=None))

@@ -68,11 +68,9 @@ def _outcome(row: dict, vocab: TokenVocabulary) -> str:
 
 
 @pytest.mark.skipif(not DEV.exists(), reason="MaskBench dev split not present (../shared)")
-def test_maskbench_sample_ratchet(monkeypatch):
-    # The wall-clock budgets (10 s) are for servers; on a loaded CI box a schema that lowers in
-    # 7 s quietly can cross them. The ratchet judges correctness, so it gives the lowering and the
-    # automaton the per-schema alarm's room instead.
-    monkeypatch.setattr("grammar.json_schema.schema_denoter.MAX_SECONDS", PER_SCHEMA_S - 5.0)
+def test_maskbench_sample_ratchet():
+    # Refusals are decided by counted work (issue 25), the same on a loaded CI box as on a quiet
+    # one; the per-schema alarm only catches a hang.
     vocab = TokenVocabulary.byte_level()
     rows = _sample()
     assert len(rows) >= 150

@@ -5,10 +5,14 @@ entry point (the Engine's scheduler, the server, the CLI and the ``transformers`
   properties style, ``json_schema_draft`` the draft of a schema without ``$schema``,
   ``json_schema_formats`` whether ``format`` is asserted), ``regex`` (full match), ``ebnf`` (XGrammar/GBNF dialect), ``structural_tag``
   (SGLang's ``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}``).
-* ``submit`` compiles on a small worker pool and returns a future; concurrent requests for the
-  same constraint share one compile, and the outcome (grammar or error) is kept in an LRU, so a
-  refused constraint is refused again at once (a bad grammar aborts its request, never a step).
-  ``compile`` blocks.
+* The request's constraint becomes one ``grammar.Constraint`` (``constraint_of``), the key of
+  every cache. ``submit`` compiles on a small worker pool and returns a future; concurrent
+  requests for the same constraint share one compile, and the outcome (grammar or refusal) is
+  kept in an LRU, so a refused constraint is refused again at once. A compile stopped by the
+  wall-clock backstop (``CompileTimeout``, "retry may succeed") is not kept. ``compile`` blocks.
+* ``disk``: compiled grammars kept across restarts (``grammar.disk_cache``); ``precompile`` fills it.
+* With ``compile_processes`` > 0 the front end runs in child processes (``grammar.compile_worker``)
+  and the NFA crosses back as arrays, so a big compile never stalls decoding on the GIL.
 * Errors are ``InvalidGrammar`` (a ``GrammarError``) with the compiler's message, which names the
   keyword, rule or position at fault.
 """
@@ -21,12 +25,14 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import grammar
-from grammar import CompileBudget, GrammarError, TokenVocabulary
+from grammar import CompileBudget, Constraint, GrammarError, GrammarTimeoutError, TokenVocabulary
+from grammar.compile_worker import CompilePool
+from grammar.disk_cache import DiskCache
 
-from ..errors import InvalidGrammar  # defined with the other field errors; imported from here too
+from ..errors import CompileTimeout, InvalidGrammar  # defined with the other field errors; imported from here too
 from ..sampling_params import SamplingParams
 
 # Outcomes kept (compiled grammars also sit in grammar's own cache, which bounds their memory).
@@ -35,11 +41,20 @@ OUTCOME_CACHE_SIZE = 512
 
 class GrammarBackend:
     def __init__(
-        self, vocab: TokenVocabulary, *, num_workers: int = 1, budget: CompileBudget | None = None
+        self,
+        vocab: TokenVocabulary,
+        *,
+        num_workers: int = 1,
+        budget: CompileBudget | None = None,
+        compile_processes: int = 0,
+        disk: DiskCache | None = None,
     ) -> None:
         self.vocab = vocab
+        self.disk = disk
         self.budget = budget
         self._pool = ThreadPoolExecutor(max(1, num_workers), thread_name_prefix="formcast-grammar")
+        # Front ends in child processes (the compiled NFA comes back as arrays): no GIL held here.
+        self._processes = CompilePool(compile_processes) if compile_processes > 0 else None
         self._outcomes: OrderedDict[tuple, Future] = OrderedDict()
         self._lock = threading.Lock()
         self.stats = {"compiles": 0, "hits": 0, "errors": 0}
@@ -47,56 +62,100 @@ class GrammarBackend:
         self.compile_observers: list[Callable[[str, float], None]] = []
 
     @staticmethod
-    def key_of(params: SamplingParams) -> tuple | None:
-        """A hashable description of the constraint (None when there is none)."""
-        spec = params.grammar
-        if spec is None:
-            return None
-        kind, source = spec
-        if not isinstance(source, str):
-            source = json.dumps(source)  # key order matters for JSON schemas: never sort
-        options = (params.json_schema_strict, params.json_schema_draft, params.json_schema_formats) if kind == "json_schema" else None
-        return kind, source, options, params.grammar_compile_timeout
+    def key_of(params: SamplingParams) -> Constraint | None:
+        """The request's constraint as one typed value (None when there is none): the key of
+        every compiled-grammar cache. Raises ``InvalidGrammar`` for a source that does not parse."""
+        return constraint_of(params)
 
     def submit(self, params: SamplingParams) -> Future | None:
-        """A future of the compiled grammar (its exception is an ``InvalidGrammar``)."""
-        key = self.key_of(params)
-        if key is None:
+        """A future of the compiled grammar (its exception is an ``InvalidGrammar``; a
+        ``CompileTimeout`` when the wall-clock backstop ran out, which is never kept)."""
+        try:
+            constraint = constraint_of(params)
+        except InvalidGrammar as exc:
+            self.stats["errors"] += 1
+            future: Future = Future()
+            future.set_exception(exc)
+            return future
+        if constraint is None:
             return None
         with self._lock:
-            future = self._outcomes.get(key)
+            future = self._outcomes.get(constraint)
             if future is not None:
-                self._outcomes.move_to_end(key)
+                self._outcomes.move_to_end(constraint)
                 self.stats["hits"] += 1
                 return future
-            future = self._pool.submit(self._compile_key, key)
-            self._outcomes[key] = future
+            future = self._pool.submit(self._compile_key, constraint, params.grammar_compile_timeout)
+            self._outcomes[constraint] = future
             while len(self._outcomes) > OUTCOME_CACHE_SIZE:
                 self._outcomes.popitem(last=False)
             self.stats["compiles"] += 1
         return future
+
+    def precompile(self, items: Iterable[SamplingParams | dict[str, Any]]) -> list[str | None]:
+        """Compile every constraint ahead of traffic (into memory and the on-disk store). An item
+        is ``SamplingParams`` or its dict form (``{"json_schema": ...}``, ``{"regex": ...}``...);
+        returns, per item, None or the refusal's message."""
+        futures = []
+        for item in items:
+            try:
+                params = item if isinstance(item, SamplingParams) else SamplingParams(**dict(item))
+                params.verify()
+                futures.append(self.submit(params))
+            except (GrammarError, ValueError, TypeError) as exc:
+                futures.append(exc)
+        out: list[str | None] = []
+        for f in futures:
+            if isinstance(f, BaseException):
+                out.append(str(f))
+            elif f is None:
+                out.append("no constraint")
+            else:
+                try:
+                    f.result()
+                    out.append(None)
+                except GrammarError as exc:
+                    out.append(str(exc))
+        return out
 
     def compile(self, params: SamplingParams) -> grammar.CompiledGrammar | None:
         """The compiled grammar of ``params`` (None without a constraint); raises ``InvalidGrammar``."""
         future = self.submit(params)
         return None if future is None else future.result()
 
+    def start_compile_processes(self) -> None:
+        """Start the compile processes now (in the background) and have them load their kernels,
+        so the first constrained request does not wait for a process to start."""
+        if self._processes is not None:
+            probe = Constraint.json_schema({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3})
+            for _ in range(self._processes.size):
+                self._pool.submit(self._processes, probe, CompileBudget())
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._processes is not None:
+            self._processes.close()
 
     # ------------------------------------------------------------------ compiling
     def budget_for(self, timeout: float | None) -> CompileBudget:
-        """The engine's budget, its wall clock cut to a request's ``grammar_compile_timeout``."""
+        """The engine's budget, its wall-clock backstop cut to a request's ``grammar_compile_timeout``."""
         budget = self.budget or CompileBudget()
-        if timeout is not None and timeout < budget.max_compile_seconds:
+        if timeout is not None and (budget.max_compile_seconds is None or timeout < budget.max_compile_seconds):
             budget = dataclasses.replace(budget, max_compile_seconds=timeout)
         return budget
 
-    def _compile_key(self, key: tuple) -> grammar.CompiledGrammar:
-        kind, source, options, timeout = key
+    def _compile_key(self, constraint: Constraint, timeout: float | None) -> grammar.CompiledGrammar:
+        kind = constraint.kind
         start = time.perf_counter()
         try:
-            return self._compile(kind, source, options, self.budget_for(timeout))
+            return grammar.compile_constraint(constraint, self.vocab, self.budget_for(timeout), front_end=self._processes, disk=self.disk)
+        except GrammarTimeoutError as exc:
+            # The machine was slow, not the constraint too big: forget the outcome so that the
+            # next request with this constraint compiles again.
+            with self._lock:
+                if self._outcomes.get(constraint) is not None and self._outcomes[constraint].running():
+                    del self._outcomes[constraint]
+            raise CompileTimeout(kind, str(exc)) from None
         except GrammarError as exc:
             self.stats["errors"] += 1
             if isinstance(exc, InvalidGrammar):
@@ -109,22 +168,33 @@ class GrammarBackend:
             for observe in self.compile_observers:
                 observe(kind, time.perf_counter() - start)
 
-    def _compile(self, kind: str, source: str, options: tuple | None, budget: CompileBudget) -> grammar.CompiledGrammar:
-        vocab = self.vocab
+
+def constraint_of(params: SamplingParams) -> Constraint | None:
+    """``SamplingParams`` -> ``Constraint``, built once per request (None without a constraint)."""
+    spec = params.grammar
+    if spec is None:
+        return None
+    kind, source = spec
+    try:
         if kind == "regex":
-            return grammar.compile_regex(source, vocab, budget=budget)
+            return Constraint.regex(source)
         if kind == "ebnf":
-            return grammar.compile_ebnf(source, vocab, budget=budget)
+            return Constraint.ebnf(source)
         if kind == "json_schema":
-            schema = _parse_json(kind, source)
-            strict, draft, formats = options
-            return grammar.compile_json_schema(
-                schema, vocab, strict_properties=strict, json_schema_draft=draft, json_schema_formats=formats, budget=budget
+            return Constraint.json_schema(
+                source,
+                strict_properties=params.json_schema_strict,
+                draft=params.json_schema_draft,
+                formats=params.json_schema_formats,
             )
         if kind == "structural_tag":
-            tags, triggers = _structural_tag(_parse_json(kind, source))
-            return grammar.compile_structural_tag(tags, triggers, vocab, budget=budget)
-        raise InvalidGrammar(kind, "unknown constraint kind")
+            tags, triggers = _structural_tag(_parse_json(kind, source) if isinstance(source, str) else source)
+            return Constraint.structural_tag(tags, triggers)
+    except InvalidGrammar:
+        raise
+    except GrammarError as exc:
+        raise InvalidGrammar(kind, str(exc)) from None
+    raise InvalidGrammar(kind, "unknown constraint kind")
 
 
 def _parse_json(field_name: str, source: str) -> Any:

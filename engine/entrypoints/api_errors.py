@@ -4,7 +4,9 @@ OpenAI uses, so the ``openai`` client raises the matching exception (``BadReques
 
 ``to_api_error`` is the one place that turns the engine's own exceptions into HTTP errors:
 ``InvalidSamplingParams``, ``PromptError`` and ``InvalidGrammar`` are the caller's fault (400) and
-keep their message, which names the field (and for a grammar, the keyword or position at fault).
+keep their message, which names the field (and for a grammar, the keyword or position at fault);
+a grammar compile stopped by its wall-clock backstop (``CompileTimeout``) is a 503 with
+``Retry-After``: the server was slow, the constraint was not refused.
 The engine's field names are translated back to the API's (``max_new_tokens`` -> ``max_tokens``).
 """
 
@@ -77,6 +79,9 @@ def to_api_error(exc: BaseException) -> APIError | None:
     """The API error for an engine exception caused by the request, or None for anything else."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, InvalidGrammar) and exc.retryable:
+        # The compile's wall-clock backstop ran out under load: not the request's fault, not kept.
+        return overloaded(f"{exc} (the constraint was not refused; retry may succeed)", retry_after_s=5)
     if isinstance(exc, (InvalidSamplingParams, PromptError, InvalidGrammar)):
         field = _API_FIELD.get(exc.field, exc.field)
         message = str(exc)

@@ -63,7 +63,50 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--threads", type=int, default=None, metavar="K", help="torch CPU threads")
     _add_serve_parser(sub)
     _add_extract_parser(sub)
+    pre = sub.add_parser("precompile", help="compile constraints into the on-disk grammar cache, ahead of traffic")
+    pre.add_argument("file", metavar="FILE", help="a JSON Schema (.json), a JSON list, or JSONL: one constraint a line "
+                     "({\"json_schema\": ...}, {\"regex\": ...}, {\"ebnf\": ...}, or a bare schema)")
+    pre.add_argument("--model", metavar="PATH", help="the model whose tokenizer the grammars are for (default: embedded SmolLM2)")
+    pre.add_argument("--cache-dir", metavar="DIR", default="default", help="the grammar cache (default: $FORMCAST_CACHE/grammars)")
     return parser
+
+
+_CONSTRAINT_KEYS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
+def _read_constraints(path: str) -> list[dict]:
+    text = Path(path).read_text()
+    try:
+        data = json.loads(text)
+        items = data if isinstance(data, list) else [data]
+    except json.JSONDecodeError:
+        items = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [item if isinstance(item, dict) and any(k in item for k in _CONSTRAINT_KEYS) else {"json_schema": item} for item in items]
+
+
+def cmd_precompile(args: argparse.Namespace) -> int:
+    items = _read_constraints(args.file)
+    _quiet_libraries()
+    from grammar import TokenVocabulary
+
+    from ..constrained.grammar_backend import GrammarBackend
+    from ..hf.model_files import default_model_dir
+    from .engine import _disk_cache, _load_tokenizer
+
+    disk = _disk_cache(EngineArgs(grammar_cache_dir=args.cache_dir))
+    if disk is None:
+        raise ValueError("--cache-dir: the grammar cache is off (FORMCAST_GRAMMAR_CACHE=off); nothing to precompile into")
+    vocab = TokenVocabulary.from_tokenizer(_load_tokenizer(args.model or default_model_dir()))
+    backend = GrammarBackend(vocab, disk=disk)
+    try:
+        refused = 0
+        for i, error in enumerate(backend.precompile(items)):
+            refused += error is not None
+            print(f"{i}: {'compiled' if error is None else 'refused: ' + error}")
+    finally:
+        backend.shutdown()
+    print(f"formcast: {len(items) - refused} of {len(items)} constraints in {disk.directory}", file=sys.stderr)
+    return 1 if refused else 0
 
 
 def _add_extract_parser(sub: Any) -> None:
@@ -326,7 +369,7 @@ def _run_batch(engine: Any, records: list[dict], prompts: list, params: list) ->
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        commands = {"serve": cmd_serve, "extract": cmd_extract, "generate": cmd_generate}
+        commands = {"serve": cmd_serve, "extract": cmd_extract, "generate": cmd_generate, "precompile": cmd_precompile}
         return commands[args.command](args)
     except (ValueError, FileNotFoundError) as exc:  # GrammarError and bad sampling params are ValueErrors
         print(f"formcast: error: {exc}", file=sys.stderr)

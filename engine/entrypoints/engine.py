@@ -25,14 +25,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import os
 import queue
+import sys
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from grammar import TokenVocabulary
+from grammar import TokenVocabulary, disk_cache, jit_warmup
 from grammar.token_masks import vocabulary_masks
 
 from ..constrained.grammar_backend import GrammarBackend
@@ -51,6 +53,9 @@ class Engine:
     def __init__(self, model_path: str | None = None, **options: Any) -> None:
         self.args = EngineArgs.from_options(model_path, **options)
         args = self.args
+        # A fresh install compiles the grammar kernels in child processes while the model loads;
+        # they are loaded before the engine is ready, so no request waits for a JIT compile.
+        kernels = jit_warmup.start()
         self.runner = ModelRunner(
             args.model_path,
             dtype=args.dtype,
@@ -64,7 +69,13 @@ class Engine:
         self.tokenizer = _load_tokenizer(args.tokenizer_path or self.runner.model_path)
         self.vocab = _with_model_eos(TokenVocabulary.from_tokenizer(self.tokenizer), self.runner.model_config.eos_token_ids)
         self.context_len = self.runner.context_len
-        self.grammar_backend = GrammarBackend(self.vocab, num_workers=args.grammar_workers, budget=_budget(args))
+        kernels.wait(progress=lambda line: print(line, file=sys.stderr, flush=True))
+        vocabulary_masks(self.vocab)  # the token trie and the mask kernels, loaded before ready
+        self.grammar_backend = GrammarBackend(
+            self.vocab, num_workers=args.grammar_workers, budget=_budget(args),
+            compile_processes=args.grammar_compile_processes, disk=_disk_cache(args),
+        )
+        self.grammar_backend.start_compile_processes()
         self.texts = TokenTexts(self.vocab, self.tokenizer)
         self._detokenizer = Detokenizer(self.texts)
         self._requests: dict[str, _Pending] = {}
@@ -89,7 +100,6 @@ class Engine:
         spec = build_worker(speculative, self.runner, self.tokenizer, self.texts, self.vocab)
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.vocab, self.grammar_backend, config, self._delivery.put, spec)
         if args.freeze_gc_after_startup:
-            vocabulary_masks(self.vocab)  # the token trie and the mask kernels, loaded before freezing
             gc.collect()
             gc.freeze()
         self.scheduler.start()
@@ -121,6 +131,13 @@ class Engine:
         self.scheduler.abort(rid)
 
     # ------------------------------------------------------------------ generate
+    def precompile(self, constraints: Sequence[SamplingParams | dict[str, Any]]) -> list[str | None]:
+        """Compile constraints before traffic arrives: each ``SamplingParams`` or a dict such as
+        ``{"json_schema": {...}}``. They are kept in memory and in the on-disk store
+        (``grammar_cache_dir``), so a restarted engine answers them without compiling. Returns,
+        per constraint, None or the refusal's message."""
+        return self.grammar_backend.precompile(constraints)
+
     def generate(
         self,
         prompt: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]] | None = None,
@@ -423,6 +440,17 @@ def _rids(rid: Any, count: int) -> list[str]:
     if len(rids) != count:
         raise PromptError("rid", f"{len(rids)} ids for {count} prompts")
     return [str(r) for r in rids]
+
+
+def _disk_cache(args: EngineArgs) -> Any:
+    """The engine's on-disk store of compiled grammars: ``grammar_cache_dir``; its "default" is
+    $FORMCAST_GRAMMAR_CACHE when set ("off": none), else $FORMCAST_CACHE/grammars."""
+    directory = args.grammar_cache_dir
+    if directory == "default":
+        directory = os.environ.get("FORMCAST_GRAMMAR_CACHE") or directory
+    if directory is None or directory == "off":
+        return None
+    return disk_cache.DiskCache(disk_cache.default_directory() if directory == "default" else directory, args.grammar_cache_bytes)
 
 
 def _budget(args: EngineArgs) -> Any:

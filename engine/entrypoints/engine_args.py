@@ -23,7 +23,14 @@ class EngineArgs:
     enable_jump_forward: bool = True
     reasoning_end: str | None = None  # e.g. "</think>": the constraint applies after it
     grammar_workers: int = 1
-    grammar_compile_timeout: float | None = None  # seconds; default: the grammar budget's
+    grammar_compile_timeout: float | None = None  # seconds of wall-clock backstop; default: the grammar budget's
+    # Child processes that run constraint front ends, so a big compile never holds the GIL that
+    # decoding needs (0: compile in the worker threads, as the library does).
+    grammar_compile_processes: int = 1
+    # Compiled grammars kept on disk across restarts ("default": $FORMCAST_CACHE/grammars or
+    # ~/.cache/formcast/grammars; None: off), and the most bytes they may take.
+    grammar_cache_dir: str | None = "default"
+    grammar_cache_bytes: int = 512 << 20
     num_threads: int | None = None  # torch CPU threads
     # Speculative decoding: none | ngram | grammar | draft_model, or a "+" join (ngram+grammar).
     speculative_algorithm: str = "none"
@@ -55,6 +62,8 @@ class EngineArgs:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
+        if not isinstance(self.grammar_compile_processes, int) or self.grammar_compile_processes < 0:
+            raise ValueError(f"grammar_compile_processes must be an integer >= 0, got {self.grammar_compile_processes!r}")
         if self.grammar_compile_timeout is not None and self.grammar_compile_timeout <= 0:
             raise ValueError(f"grammar_compile_timeout must be > 0, got {self.grammar_compile_timeout!r}")
 

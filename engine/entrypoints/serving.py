@@ -153,8 +153,9 @@ class OpenAIServing:
             # shield: a request cancelled while waiting must not cancel the compile that the
             # cache shares with every other request carrying the same constraint.
             await asyncio.shield(asyncio.wrap_future(future))
-        except InvalidGrammar:
-            self.metrics.grammar_refused.inc()
+        except InvalidGrammar as exc:
+            if not exc.retryable:  # a compile stopped by the wall-clock backstop refused nothing
+                self.metrics.grammar_refused.inc()
             raise
 
     # ------------------------------------------------------------------ running

@@ -50,7 +50,8 @@ Decisions worth knowing (MaskBench dev samples, byte-level walk of
   ``re`` (jsonschema) reads it differently, its complement is taken only over the characters on
   which both agree.
 - Unions past ``denotation_algebra.MAX_BRANCHES`` keep their simplest members (a marked subset, never
-  complemented); lowering has a time budget; reference bombs meet MAX_WORK / MAX_NESTING.
+  complemented); lowering counts its steps against the compile budget (``budget``); reference
+  bombs meet MAX_WORK / MAX_NESTING.
 - ``nullable`` (OpenAPI) is not JSON Schema: ignored, like jsonschema does. Without a named
   draft, ``$ref`` siblings apply (as in 2020-12, stricter than draft-07's "siblings ignored").
 - A keyword that is not enforced exactly raises UnsupportedFeatureError naming it and its JSON
@@ -63,10 +64,11 @@ Decisions worth knowing (MaskBench dev samples, byte-level walk of
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Iterable
 
 from .. import ir
-from ..budget import recursion_room
+from ..budget import compile_scope, in_compile_scope, recursion_room
 from ..errors import GrammarBudgetError, SchemaError
 from .drafts import check_formats, draft_named
 from .layout import Layout
@@ -106,7 +108,8 @@ def json_schema_to_grammar(
     draft_named(draft)  # a bad option is an error even where the schema names its draft
     # The metaschema check and the walker recurse a few frames per nested subschema; the
     # document's depth budget (checked first thing in load_schema) bounds how many.
-    with recursion_room(20_000):
+    # Called on its own (not through api.compile_json_schema), it counts under the default budget.
+    with recursion_room(20_000), (nullcontext() if in_compile_scope() else compile_scope()):
         raw, validator_cls, named = load_schema(schema, draft)
         dynamic = Dynamic()
         doc = normalize_refs(raw, dynamic, named)

@@ -19,12 +19,11 @@ value, but its complement would, so complementing it is refused.
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Callable
 
+from ..budget import MEET_STEPS, charge
 from ..errors import GrammarBudgetError, GrammarError, SchemaError
 from .conjs import ArrConj, KeyLang, ObjConj, arr_and, arr_implies, arr_negations, obj_and, obj_implies, obj_negations, prune
 from .exprs import FALSE, const
@@ -90,14 +89,8 @@ def _size(c: ArrConj | ObjConj) -> int:
     return len(c.prefix) + len(c.contains)
 
 
-# The denoter of the current thread sets a deadline here; the long loops below check it.
-CLOCK = threading.local()
-
-
-def _tick() -> None:
-    deadline = getattr(CLOCK, "deadline", None)
-    if deadline is not None and time.monotonic() > deadline:
-        raise GrammarBudgetError("JSON schema lowering ran past its time budget (too many alternatives)")
+def _tick(meets: int = 1) -> None:
+    charge("denoting the JSON schema (products of alternatives)", meets * MEET_STEPS)
 
 
 class _Cut:
@@ -145,7 +138,7 @@ def _cross(xs: tuple, ys: tuple, meet, implies, cut: _Cut) -> tuple:
             z = x if x == y else meet(x, y)
             if z is not None:
                 out[z] = None
-        _tick()
+        _tick(len(ys))
         if len(out) > MAX_BRANCHES:
             out = dict.fromkeys(cut.fit(list(out), implies))
     return tuple(cut.fit(list(out), implies))
@@ -235,6 +228,7 @@ def _viable(c: ArrConj | ObjConj, sub: "Sub") -> bool:
             return not any(sub(c.prop(k)).is_empty() for k in c.required if c.prop(k) != FALSE)
         return not any(sub(c.item(i)).is_empty() for i in range(min(c.lo, len(c.prefix) + 1)))
     except GrammarError:
+        charge("denoting the JSON schema", 0)  # out of steps or time is no heuristic's answer
         return True
 
 
@@ -271,6 +265,7 @@ def disjoint(a: Denot, b: Denot, sub: Sub, depth: int = 2) -> bool:
             if not (a.str & b.str).is_empty():
                 return False
         except GrammarBudgetError:
+            charge("denoting the JSON schema", 0)
             return False
     for x in a.arr:
         for y in b.arr:

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any, Iterable
 
 from .. import ir
+from ..budget import charge
 from ..errors import GrammarBudgetError, UnsupportedFeatureError
 from . import numbers
 from .arrays import array_expr
@@ -109,7 +110,7 @@ class Lowerer:
         if hit is not None:
             return hit
         self._memo[key] = _BUILDING
-        self.den.check_time()
+        self.den.count_lowered()
         self._nesting += 1
         try:
             if self._nesting > MAX_NESTING:
@@ -183,6 +184,7 @@ class Lowerer:
         try:
             return quoted(s.to_ir())
         except GrammarBudgetError as exc:
+            charge("lowering a string schema", 0)  # out of compile steps: that is the verdict
             keyword = length_keyword(s) if (s.lo or s.hi is not None) else "pattern"
             self.refuse(keyword, ptr, str(exc))
             return quoted(StrSet(exprs=s.exprs, approx=s.approx).to_ir()) if s.exprs else any_string()

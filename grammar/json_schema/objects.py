@@ -84,8 +84,15 @@ def object_expr(lw: "Lowerer", c: ObjConj, ptr: str, depth: int) -> ir.Expr:
     extras = _extras(lw, c, rules, frozenset(named), ptr, depth)
     min_p, max_p = c.lo, c.hi
     cap = max_p if max_p is not None else min_p
-    if extras and (len(entries) + 1) * (cap + 1) * (1 << len(c.exists)) > MAX_COUNT_STATES:
-        raise GrammarBudgetError(f"minProperties/maxProperties {cap} with extra keys at {ptr or '/'} needs too many states")
+    # Only a count of properties multiplies the chain's states; without minProperties /
+    # maxProperties extra keys sit in the gaps of a chain linear in the named keys.
+    counting = min_p > 0 or max_p is not None
+    if extras and counting and (len(entries) + 1) * (cap + 1) * (1 << len(c.exists)) > MAX_COUNT_STATES:
+        keyword = "maxProperties" if max_p is not None else "minProperties"
+        raise GrammarBudgetError(
+            f"{keyword} {cap} with extra keys allowed and {len(entries)} named keys at {ptr or '/'} needs more than "
+            f"{MAX_COUNT_STATES} counting states"
+        )
     return _Chain(lw, entries, extras, min_p, max_p, (1 << len(c.exists)) - 1, depth).build()
 
 

@@ -19,21 +19,19 @@ annotations of failing or negated schemas are dropped, as the specification says
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 from .. import char_dfa
-from ..budget import active_deadline, check_deadline, check_depth
+from ..budget import LOWER_STEPS, SCHEMA_NODE_STEPS, charge, check_depth
 from ..errors import GrammarBudgetError, SchemaError
 from .conjs import ArrConj, KeyLang, ObjConj
-from .denotation_algebra import BOTTOM, CLOCK, TOP, Denot, but, conj, conj_not, disj, exactly_one, neg, only, unannotated, value_denot
+from .denotation_algebra import BOTTOM, TOP, Denot, but, conj, conj_not, disj, exactly_one, neg, only, unannotated, value_denot
 from .exprs import FALSE, TRUE, And, Bool, Const, Expr, Not, Or, Ptr, holds, or_
 from .drafts import Draft, view
 from .keywords import local
 from .refs import Dynamic, pointer_escape, resolve_pointer
 
 MAX_WORK = 50_000  # schema objects denoted: bounds reference bombs
-MAX_SECONDS = 10.0  # denoting and lowering one schema (a GrammarBudgetError past it)
 MAX_TRACKED_BRANCHES = 6  # anyOf branches expanded into subsets under unevaluated*
 ANNOTATIONS = frozenset(
     "title description default examples $comment $schema $id $anchor $dynamicAnchor deprecated readOnly writeOnly "
@@ -59,8 +57,6 @@ class Denoter:
         self._work = 0
         self._depth = 0
         char_dfa.load_kernels()  # not on this schema's clock (a fresh machine compiles them)
-        self.deadline = active_deadline() or time.monotonic() + MAX_SECONDS
-        CLOCK.deadline = self.deadline
 
     # ------------------------------------------------------------------ expressions
     def sub(self, ptr: str, scope: tuple = ()) -> Expr:
@@ -127,10 +123,9 @@ class Denoter:
         assert isinstance(e, Or)
         return self.union([self.expr(x, track) for x in sorted(e.items, key=repr)], track, _where(e))
 
-    def check_time(self) -> None:
-        if time.monotonic() > self.deadline:
-            check_deadline("lowering the JSON schema")  # names the compile budget when there is one
-            raise GrammarBudgetError(f"JSON schema lowering ran past {MAX_SECONDS:g} s (too many alternatives or automaton products)")
+    def count_lowered(self) -> None:
+        """Count one subschema lowered (the step budget; see ``budget``)."""
+        charge("lowering the JSON schema", LOWER_STEPS)
 
     def holds(self, e: Expr, value: Any) -> bool:
         """Exact membership through jsonschema at the leaves (False when it cannot decide).
@@ -173,7 +168,7 @@ class Denoter:
         self._work += 1
         if self._work > MAX_WORK:
             raise GrammarBudgetError(f"JSON schema expands to more than {MAX_WORK} subschemas (reference bomb or combinatorial allOf/anyOf?)")
-        self.check_time()
+        charge("denoting the JSON schema", SCHEMA_NODE_STEPS)
         if s is True:
             return TOP
         if s is False:

@@ -1,0 +1,139 @@
+"""The grammar's numba kernels compiled ahead of first use, in child processes.
+
+On a fresh install numba's cache is empty and the first compile of any constraint would wait
+about a minute while every kernel compiles (issue 25). :func:`start` spawns one child process
+per kernel group (the compile-time string-set products; the mask-time determinizer and trie
+walk), so both cores compile while the caller does something else (the engine loads its model);
+each child writes what it compiled to numba's on-disk cache, and the caller's own first use
+(``token_masks.vocabulary_masks``, run before the engine reports ready) only loads it.
+
+A marker file in the cache directory, named by a hash of the kernel modules' sources and the
+numba and Python versions, records that the cache is warm, so a warm start spawns nothing.
+Nothing here changes a result: a child that fails or is never started only means the caller
+compiles on first use, as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+_HERE = Path(__file__).resolve().parent
+# Modules holding numba kernels (a change to any of them invalidates the marker).
+KERNEL_MODULES = ("char_dfa.py", "determinizer.py", "regions.py", "token_walk.py", "token_masks.py", "automaton.py")
+GROUPS = ("strings", "masks")
+
+
+def _marker() -> Path | None:
+    """The marker file proving a warm cache (None when numba's cache location is unknown)."""
+    try:
+        import numba
+
+        from . import char_dfa
+
+        cache_dir = Path(char_dfa._product_kernel._cache._cache_path)
+    except Exception:  # noqa: BLE001 - numba internals moved: warm up every time (harmless)
+        return None
+    digest = hashlib.sha256(f"{numba.__version__} {sys.version} {sys.executable}".encode())
+    for name in KERNEL_MODULES:
+        digest.update((_HERE / name).read_bytes())
+    return cache_dir / f"formcast-warm-{digest.hexdigest()[:16]}"
+
+
+def is_warm() -> bool:
+    marker = _marker()
+    return marker is not None and marker.exists()
+
+
+@dataclass
+class Warmup:
+    """Children compiling kernel groups; :meth:`wait` joins them (printing progress)."""
+
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def wait(self, progress: Callable[[str], None] | None = None) -> bool:
+        """Join the children; True when every group compiled (the marker is then written)."""
+        ok = True
+        for proc in self.procs:
+            if proc.poll() is None and progress is not None:
+                progress(f"formcast: compiling grammar kernels (first start after install), {time.monotonic() - self.started:.0f} s so far...")
+            ok = proc.wait() == 0 and ok
+        if self.procs and ok:
+            marker = _marker()
+            if marker is not None:
+                try:
+                    marker.touch()
+                except OSError:
+                    pass
+        if progress is not None and self.procs:
+            progress(f"formcast: grammar kernels {'compiled' if ok else 'partly compiled'} in {time.monotonic() - self.started:.0f} s")
+        return ok
+
+
+def start(groups: tuple[str, ...] = GROUPS) -> Warmup:
+    """Spawn one child per group unless the cache is already warm (then nothing is spawned)."""
+    global _tried
+    _tried = True  # this process has taken care of it: ensure_warm need not spawn again
+    if is_warm() or os.environ.get("FORMCAST_NO_JIT_WARMUP"):
+        return Warmup()
+    root = str(_HERE.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
+               FORMCAST_NO_JIT_WARMUP="1")
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "grammar.jit_warmup", group], env=env, cwd=root,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for group in groups
+    ]
+    return Warmup(procs)
+
+
+def warm_up_now(progress: Callable[[str], None] | None = None) -> bool:
+    """Compile every group in parallel children and wait (CI images, ``Engine`` while loading)."""
+    return start().wait(progress)
+
+
+_tried = False
+
+
+def ensure_warm() -> None:
+    """Once per process: on a cold cache, compile in parallel children before first use (with a
+    progress line on stderr); on a warm one, nothing."""
+    global _tried
+    if _tried:
+        return
+    _tried = True
+    if not is_warm():
+        warm_up_now(progress=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def _strings() -> None:
+    from . import char_dfa
+    from .json_schema import json_schema_to_grammar
+
+    char_dfa.load_kernels()
+    # The JSON schema front end's other kernel uses (string sets, key regions, formats).
+    json_schema_to_grammar(
+        {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5},
+                                          "b": {"type": "string", "format": "date-time"}},
+         "patternProperties": {"^x": {"type": "integer"}}, "propertyNames": {"maxLength": 8}}
+    )
+
+
+def _masks() -> None:
+    from .token_masks import VocabularyMasks, warm_up_masks
+    from .token_trie import TokenTrie
+    from .vocab import TokenVocabulary
+
+    vocab = TokenVocabulary.byte_level()
+    warm_up_masks(VocabularyMasks(vocab, TokenTrie.from_vocab(vocab)))  # every mask route once
+
+
+if __name__ == "__main__":
+    {"strings": _strings, "masks": _masks}[sys.argv[1]]()
