@@ -47,10 +47,10 @@ def test_smollm2_q4_1_greedy_matches_llama_cpp():
     path = gguf_path()
     tokenizer = load_gguf_tokenizer(path)
     prompts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=True, add_generation_prompt=True)
+        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True),
+                         add_special_tokens=False)
         for p in PROMPTS
-    ]
-    prompts = [list(p["input_ids"]) if isinstance(p, dict) else list(p) for p in prompts]
+    ]  # fmt: skip
     runner = ModelRunner(path, max_total_tokens=4096, max_running_requests=len(prompts))
     ours = GreedyLoop(runner).greedy(prompts, NEW_TOKENS, eos={EOS})
 
