@@ -45,6 +45,7 @@ from sse_starlette import EventSourceResponse
 from sse_starlette.sse import AppStatus
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..constrained.grammar_backend import InvalidGrammar
 from ..sampling_params import InvalidSamplingParams
@@ -69,6 +70,9 @@ class ServerSettings:
     api_key: str | None = None
     served_model_name: str | None = None  # default: the model folder's name
     shutdown_timeout: float = 20.0  # seconds in-flight requests get to finish on SIGINT / SIGTERM
+    # Larger request bodies are answered 413 before they are parsed (a 20 MB prompt would
+    # otherwise hold the event loop for seconds while it is decoded and validated).
+    max_request_body_bytes: int = 8 * 1024 * 1024
     log_level: str = "info"
     access_log: bool = True
 
@@ -93,7 +97,7 @@ def build_app(engine: Engine, settings: ServerSettings, *, shutdown_engine: bool
             await asyncio.to_thread(engine.shutdown)
             log.info("formcast: engine stopped")
 
-    app = FastAPI(title="formcast", lifespan=lifespan)
+    app = FastAPI(title="formcast", lifespan=lifespan, max_body_size=settings.max_request_body_bytes)
     app.state.server = state
     app.state.metrics = metrics
     app.state.serving_config = config
@@ -186,6 +190,10 @@ def _api_key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
     return check
 
 
+def settings_limit(app: FastAPI) -> int | None:
+    return getattr(app, "max_body_size", None)
+
+
 def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     def answer(error: APIError) -> JSONResponse:
         metrics.errors.labels(str(error.status)).inc()
@@ -200,9 +208,14 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
         return answer(validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return answer(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code))
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if isinstance(exc.__cause__, ClientDisconnect):  # left mid-upload: nobody to answer, no error of theirs
+            return Response(status_code=499)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
+        detail = exc.detail
+        if exc.status_code == 413:
+            detail = f"the request body is larger than this server's limit of {settings_limit(app)} bytes"
+        return answer(APIError(exc.status_code, f"{request.method} {request.url.path}: {detail}", code=code))
 
     async def caller_error(request: Request, exc: Exception) -> JSONResponse:
         error = to_api_error(exc)
