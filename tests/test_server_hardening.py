@@ -171,7 +171,6 @@ def test_stream_aborted_at_shutdown_still_gets_its_usage(server, engine, http):
         ({"min_tokens": 10**12}, "min_tokens"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_completion_tokens": 0}, "max_tokens"),
-        ({"store": True}, "store"),
         ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
         ({"messages": [{"role": "user", "content": "x"}], "continue_final_message": True}, "continue_final_message"),
@@ -201,7 +200,7 @@ def test_engine_refuses_min_tokens_beyond_the_context(engine):
 
 
 def test_client_fields_are_honoured(http):
-    fields = {"user": "u1", "metadata": {"k": "v"}, "store": False, "parallel_tool_calls": True, "reasoning_effort": "low",
+    fields = {"user": "u1", "metadata": {"k": "v"}, "store": True, "parallel_tool_calls": True, "reasoning_effort": "low",
               "chat_template_kwargs": {"enable_thinking": False}, "max_completion_tokens": 3}  # fmt: skip
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello", "reasoning_content": "greet"},
                 {"role": "user", "content": "Count"}]  # fmt: skip

@@ -183,3 +183,25 @@ def test_dead_end_is_a_finish_reason_of_its_own() -> None:
     assert finish["type"] == "dead_end" and openai_finish_reason(finish) == "dead_end"
     assert openai_finish_reason({"type": "length", "length": 3}) == "length"
     assert openai_finish_reason({"type": "stop", "matched": 2}) == "stop"
+
+
+# --- a budget below the shortest valid output -------------------------------------------------
+
+
+def test_output_budget_names_the_minimum(smollm2_tokenizer, smollm2_vocab) -> None:
+    from engine.constrained.output_budget import check_output_budget, min_output_tokens
+    from grammar import compile_json_schema, compile_regex
+
+    schema = {"type": "object", "properties": {"when": {"type": "string", "format": "date-time"}, "id": {"type": "string", "format": "uuid"}},
+              "required": ["when", "id"], "additionalProperties": False}  # fmt: skip
+    compiled = compile_json_schema(schema, smollm2_vocab)
+    need = min_output_tokens(compiled, smollm2_tokenizer)
+    shortest = compiled.shortest_completion(compiled.initial_state).decode()
+    assert need == len(smollm2_tokenizer.encode(shortest, add_special_tokens=False)) and need > 30
+    check_output_budget(compiled, SamplingParams(json_schema=schema, max_new_tokens=need), smollm2_tokenizer)
+    check_output_budget(compiled, SamplingParams(json_schema=schema, max_new_tokens=None), smollm2_tokenizer)
+    with pytest.raises(InvalidSamplingParams, match=f"below the {need} tokens .* allow at least {need}") as exc:
+        check_output_budget(compiled, SamplingParams(json_schema=schema, max_new_tokens=need - 1), smollm2_tokenizer)
+    assert exc.value.field == "max_new_tokens"
+    free = compile_regex("[a-z]*", smollm2_vocab)
+    assert min_output_tokens(free, smollm2_tokenizer) == 0

@@ -284,9 +284,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
             prompts.append(text if args.no_chat else engine.apply_chat_template([{"role": "user", "content": text}]))
             params.append(merged)
         if args.prompt is not None:
+            from ..constrained.output_budget import check_output_budget
             from ..sampling_params import SamplingParams
 
-            engine.grammar_backend.compile(SamplingParams(**params[0]))  # a refused constraint exits 2 here
+            one = SamplingParams(**params[0])
+            compiled = engine.grammar_backend.compile(one)  # a refused constraint exits 2 here
+            check_output_budget(compiled, one, engine.tokenizer)  # so does a budget no output fits
             print("formcast: generating...", file=sys.stderr, flush=True)
             result = engine.generate(prompts[0], params[0])
             _warn_if_not_complete(result)

@@ -179,8 +179,8 @@ class _CommonRequest(_SamplingExtensions):
     temperature: float | None = None
     top_p: float | None = None
     user: str | None = None  # an end-user id, written to the server's log with the request id
-    # OpenAI's stored-completions fields: nothing is stored here; store=true is refused (400),
-    # metadata (at most 16 string pairs, as OpenAI) goes to the server's log.
+    # OpenAI's stored-completions fields: nothing is stored here; both go to the server's log
+    # (metadata: at most 16 string pairs, as OpenAI).
     store: bool | None = None
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     response_format: ResponseFormat | None = None

@@ -8,7 +8,8 @@ A request's life in the server::
     check_context                        400 when prompt + max_tokens exceed the context
     check_constraint                     the grammar backend compiles the constraint on its worker
                                          (the event loop awaits a future): 400 with the compiler's
-                                         message; the scheduler later finds the compile in the cache
+                                         message, or when max_tokens is below the shortest output
+                                         it allows; the scheduler later finds the compile in the cache
     expand                               one ``Choice`` per prompt and per n (own rid, seed + k)
     submit -> EngineRun                  one ``Engine.async_generate(stream=True)`` call for all
                                          choices; ``chunks()`` yields (choice, chunk) in order and
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..constrained.grammar_backend import InvalidGrammar
+from ..constrained.output_budget import check_output_budget
 from ..sampling_params import SamplingParams
 from .api_errors import APIError, bad_request, internal_error, overloaded, shutting_down
 from .engine import Engine
@@ -144,10 +146,10 @@ class OpenAIServing:
         """Checks of fields both endpoints share that ``to_sampling_params`` does not see."""
         if request.stream_options is not None and not request.stream:
             raise bad_request("stream_options: only allowed when stream is true", param="stream_options")
-        if request.store:
-            raise bad_request("store: this server does not store completions (send false or leave it out)", param="store")
-        if request.user is not None or request.metadata:
-            log.info("request from user=%r metadata=%r", request.user, request.metadata)
+        # store: clients (the Agents SDK, proxies) send true by default; nothing is stored here,
+        # so it is logged with user and metadata, the caller's own labels, and not refused.
+        if request.user is not None or request.metadata or request.store:
+            log.info("request from user=%r metadata=%r store=%r (nothing is stored)", request.user, request.metadata, request.store)
 
     def check_context(self, prompt_len: int, params: SamplingParams, param: str) -> None:
         context = self.engine.context_len
@@ -180,10 +182,12 @@ class OpenAIServing:
         try:
             # shield: a request cancelled while waiting must not cancel the compile that the
             # cache shares with every other request carrying the same constraint.
-            await asyncio.shield(asyncio.wrap_future(future))
+            compiled = await asyncio.shield(asyncio.wrap_future(future))
         except InvalidGrammar:
             self.metrics.grammar_refused.inc()
             raise
+        # A max_tokens no valid output fits is refused now, not answered with a cut document.
+        await asyncio.to_thread(check_output_budget, compiled, params, self.engine.tokenizer)
 
     # ------------------------------------------------------------------ running
     def expand(self, prompts: list[list[int]], params: SamplingParams) -> list[Choice]:
