@@ -250,3 +250,26 @@ def test_no_stop_trim(http):
     trimmed = http.post("/v1/completions", json=base).json()["choices"][0]
     kept = http.post("/v1/completions", json={**base, "no_stop_trim": True}).json()["choices"][0]
     assert trimmed["finish_reason"] == "stop" and kept["text"] == trimmed["text"] + " 7"
+
+
+# --- section 3: what one request may ask for ---------------------------------------------------
+
+
+def test_one_request_cannot_reserve_more_than_the_kv_pool(engine, http):
+    pool = engine.runner.max_total_tokens
+    r = http.post("/v1/chat/completions", json=_chat(n=100, max_tokens=pool // 50))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+
+
+def test_the_waiting_queue_is_bounded_by_default(server, engine):
+    assert server.app.state.serving_config.max_waiting_requests == 16 * engine.args.max_running_requests
+
+
+def test_a_budget_below_the_shortest_output_is_400_naming_the_minimum(http):
+    schema = {"type": "object", "properties": {"when": {"type": "string", "format": "date-time"}, "id": {"type": "string", "format": "uuid"}},
+              "required": ["when", "id"], "additionalProperties": False}  # fmt: skip
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    r = http.post("/v1/chat/completions", json=_chat(max_tokens=20, response_format=fmt))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "max_tokens" and re.search(r"below the \d+ tokens", error["message"])

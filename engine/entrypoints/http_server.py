@@ -62,6 +62,9 @@ T = TypeVar("T")
 
 AppStatus.disable_automatic_graceful_drain()  # see the module docstring
 
+# Waiting requests the server admits per running slot when the engine sets no bound.
+DEFAULT_WAITING_PER_RUNNING = 16
+
 
 @dataclass
 class ServerSettings:
@@ -85,7 +88,9 @@ def build_app(engine: Engine, settings: ServerSettings, *, shutdown_engine: bool
     """The ASGI app over ``engine``; with ``shutdown_engine`` it stops the engine on exit."""
     state = ServerState(engine)
     metrics = ServerMetrics(engine)
-    config = ServingConfig(model_name=served_model_name(engine, settings), max_waiting_requests=engine.args.max_waiting_requests)
+    # The waiting queue is bounded even when the engine's is not: beyond it, 503 with Retry-After.
+    waiting = engine.args.max_waiting_requests or DEFAULT_WAITING_PER_RUNNING * engine.args.max_running_requests
+    config = ServingConfig(model_name=served_model_name(engine, settings), max_waiting_requests=waiting)
     chat = OpenAIServingChat(engine, config, metrics, state)
     completions = OpenAIServingCompletion(engine, config, metrics, state)
 

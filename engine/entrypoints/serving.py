@@ -163,6 +163,14 @@ class OpenAIServing:
                 code="context_length_exceeded",
             )
         wanted = params.max_new_tokens
+        pool = self.engine.runner.max_total_tokens
+        if wanted is not None and params.n * (prompt_len + wanted) > pool:
+            # One request may not reserve more KV than the whole pool: it could never run at once.
+            raise bad_request(
+                f"n: {params.n} choices of {prompt_len} prompt + {wanted} output tokens reserve "
+                f"{params.n * (prompt_len + wanted)} tokens; this server's KV cache holds {pool}",
+                param="n",
+            )
         if wanted is not None and prompt_len + wanted > context:
             raise bad_request(
                 f"max_tokens: the prompt has {prompt_len} tokens and max_tokens asks for {wanted} more; "
