@@ -273,3 +273,26 @@ def test_a_budget_below_the_shortest_output_is_400_naming_the_minimum(http):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == "max_tokens" and re.search(r"below the \d+ tokens", error["message"])
+
+
+# --- native routes ----------------------------------------------------------------------------
+
+
+def test_tokenize_and_detokenize_round_trip(engine, http):
+    r = http.post("/v1/tokenize", json={"prompt": "Hello world", "add_special_tokens": False}).json()
+    assert r["tokens"] == engine.tokenizer.encode("Hello world", add_special_tokens=False) and r["count"] == len(r["tokens"])
+    assert http.post("/v1/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": "Hello world"}
+    chat = http.post("/v1/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
+    assert chat["tokens"] == engine.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert http.post("/v1/detokenize", json={"tokens": [10**9]}).status_code == 400
+
+
+def test_native_generate_takes_sampling_params_as_is(http):
+    body = {"text": "Pick a digit:", "sampling_params": {"max_new_tokens": 4, "temperature": 0, "regex": "[0-9]"}}
+    out = http.post("/generate", json=body).json()
+    assert re.fullmatch("[0-9]", out["text"]) and out["meta_info"]["finish_reason"]["type"] == "stop"
+    with http.stream("POST", "/generate", json={**body, "stream": True}) as s:
+        events = _events(s)
+    assert events[-1] == "[DONE]" and "".join(json.loads(e)["text"] for e in events[:-1]) == out["text"]
+    bad = http.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokenz": 3}})
+    assert bad.status_code == 400 and "max_new_tokenz" in bad.json()["error"]["message"]

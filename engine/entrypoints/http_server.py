@@ -5,7 +5,8 @@ sse-starlette.
     curl localhost:30000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 
 Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /metrics``
-(Prometheus), ``POST /v1/completions``, ``POST /v1/chat/completions``. With an API key, every
+(Prometheus), ``POST /v1/completions``, ``POST /v1/chat/completions``, and the native ones
+(``serving_native``): ``POST /generate``, ``POST /v1/tokenize``, ``POST /v1/detokenize``. With an API key, every
 ``/v1`` route wants ``Authorization: Bearer <key>`` (401 otherwise); ``/health`` and ``/metrics``
 stay open for probes and scrapers.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -56,6 +58,7 @@ from .openai_protocol import ChatCompletionRequest, CompletionRequest, ModelCard
 from .serving import EventStream, ServerState, ServingConfig
 from .serving_chat import OpenAIServingChat
 from .serving_completions import OpenAIServingCompletion
+from .serving_native import DetokenizeRequest, GenerateRequest, NativeServing, TokenizeRequest
 
 log = logging.getLogger("formcast.server")
 T = TypeVar("T")
@@ -93,6 +96,7 @@ def build_app(engine: Engine, settings: ServerSettings, *, shutdown_engine: bool
     config = ServingConfig(model_name=served_model_name(engine, settings), max_waiting_requests=waiting)
     chat = OpenAIServingChat(engine, config, metrics, state)
     completions = OpenAIServingCompletion(engine, config, metrics, state)
+    native = NativeServing(engine, state)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -137,7 +141,28 @@ def build_app(engine: Engine, settings: ServerSettings, *, shutdown_engine: bool
     async def text_completions(body: CompletionRequest, request: Request) -> Response:
         return await _respond(request, completions.create(body, time.monotonic()))
 
+    @v1.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> Response:
+        chat.check_model(body.model)
+        return _json(json.dumps(await native.tokenize(body)))
+
+    @v1.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> Response:
+        chat.check_model(body.model)
+        return _json(json.dumps(native.detokenize(body), ensure_ascii=False))
+
     app.include_router(v1)
+
+    @app.post("/generate", dependencies=[Depends(_api_key_check(settings.api_key))])
+    async def generate(body: GenerateRequest, request: Request) -> Response:
+        chat.check_capacity()
+        result = await _until_disconnect(request, native.generate(body))
+        if result is None:
+            return Response(status_code=499)
+        if isinstance(result, (dict, list)):
+            return _json(json.dumps(result, ensure_ascii=False))
+        return EventSourceResponse(result, sep="\n")
+
     return app
 
 
