@@ -66,7 +66,14 @@ class NativeServing:
     async def generate(self, request: GenerateRequest) -> dict | list | AsyncIterator[str]:
         if (request.text is None) == (request.input_ids is None):
             raise bad_request("text: give exactly one of text and input_ids", param="text")
-        kwargs = dict(prompt=request.text, input_ids=request.input_ids, sampling_params=request.sampling_params or {}, rid=request.rid)
+        input_ids: Any = request.input_ids
+        if request.text is not None:  # tokenized here, off the event loop (async_generate would not)
+            texts = [request.text] if isinstance(request.text, str) else request.text
+            if not texts or not all(texts):
+                raise bad_request("text: is empty", param="text")
+            ids = await asyncio.to_thread(lambda: [list(self.engine.tokenizer(t)["input_ids"]) for t in texts])
+            input_ids = ids[0] if isinstance(request.text, str) else ids
+        kwargs = dict(input_ids=input_ids, sampling_params=request.sampling_params or {}, rid=request.rid)
         if not request.stream:
             return await self.engine.async_generate(**kwargs)
         chunks = await self.engine.async_generate(stream=True, **kwargs)
