@@ -296,3 +296,29 @@ def test_native_generate_takes_sampling_params_as_is(http):
     assert events[-1] == "[DONE]" and "".join(json.loads(e)["text"] for e in events[:-1]) == out["text"]
     bad = http.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokenz": 3}})
     assert bad.status_code == 400 and "max_new_tokenz" in bad.json()["error"]["message"]
+
+
+def test_draining_answers_503_on_open_connections_then_exits(engine):
+    srv = ServerThread(engine, shutdown_timeout=3)
+    try:
+        with httpx.Client(base_url=srv.url, timeout=300) as c:
+            assert c.get("/health").status_code == 200  # the connection is now open (keep-alive)
+            body = _chat(max_tokens=500, ignore_eos=True, stream=True)
+            with httpx.Client(base_url=srv.url, timeout=300) as other, other.stream("POST", "/v1/chat/completions", json=body) as s:
+                lines = s.iter_lines()
+                next(line for line in lines if line.startswith("data: "))  # running
+                srv.server.handle_exit(2, None)
+                for _ in range(100):
+                    if srv.state.draining:
+                        break
+                    time.sleep(0.02)
+                assert c.get("/health").status_code == 503
+                refused = c.post("/v1/chat/completions", json=_chat(max_tokens=2))
+                assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+                rest = [line[6:] for line in lines if line.startswith("data: ")]
+            assert rest[-1] == "[DONE]" and json.loads(rest[-2])["error"]["code"] == "shutting_down"  # aborted at the grace period
+        srv.thread.join(60)
+        assert not srv.thread.is_alive()
+    finally:
+        if srv.thread.is_alive():
+            srv.stop()

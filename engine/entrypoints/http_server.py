@@ -17,10 +17,11 @@ Disconnects: a streaming response notices the client leaving (sse-starlette list
 ``http.disconnect``) and is cancelled; a non-streaming one is raced against the same message
 (``_until_disconnect``). Either way the engine request is aborted and its KV slots freed.
 
-Shutdown (SIGINT / SIGTERM, or ``FormcastServer.handle_exit``): uvicorn stops accepting
-connections; requests in flight get ``shutdown_timeout`` seconds to finish, then the server
-aborts them (their streams end with an error event, non-streaming ones get 503); new requests on
-open connections get 503 meanwhile. Then the engine shuts down (when the server owns it).
+Shutdown (SIGINT / SIGTERM, or ``FormcastServer.handle_exit``): the server keeps accepting
+connections but answers 503 to new work and to ``/health``; requests in flight get
+``shutdown_timeout`` seconds to finish, then the server aborts them (their streams end with an
+error event, non-streaming ones get 503); once none is left, uvicorn closes the connections and
+the engine shuts down (when the server owns it).
 sse-starlette's own drain, which cancels every stream the moment uvicorn is asked to exit, is
 turned off: it is process-global and, once triggered, never resets, which would cut the streams
 of any later server in the same process (as in the tests).
@@ -265,25 +266,44 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
 
 
 class FormcastServer(uvicorn.Server):
-    """uvicorn's server, plus the drain: on the first exit request, 503 new work and abort what
-    is still running after ``grace`` seconds."""
+    """uvicorn's server, plus the drain. On the first exit request the server keeps listening
+    and answers 503 to new work (``/health`` included, on new and kept-alive connections alike)
+    while the requests in flight finish; those still running after ``grace`` seconds are
+    aborted; once none is left, uvicorn's own shutdown runs. A second exit request (a second
+    Ctrl-C) goes straight to uvicorn's shutdown."""
+
+    # Seconds between checks of whether the requests in flight are done.
+    DRAIN_POLL_S = 0.05
 
     def __init__(self, config: uvicorn.Config, state: ServerState, grace: float) -> None:
         super().__init__(config)
         self.state = state
         self.grace = grace
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._drain_deadline: float | None = None
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        first = not self.should_exit
-        super().handle_exit(sig, frame)
-        if first and self.loop is not None:
-            self.loop.call_soon_threadsafe(self._drain)
+        if self.loop is None or self._drain_deadline is not None:  # not serving yet, or a second request
+            super().handle_exit(sig, frame)
+            return
+        self._drain_deadline = float("inf")  # set for real on the loop thread
+        self.loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:
-        self.state.draining = True
         assert self.loop is not None
-        self.loop.call_later(self.grace, self._abort_in_flight)
+        self.state.draining = True
+        self._drain_deadline = self.loop.time() + self.grace
+        self._drain_step()
+
+    def _drain_step(self) -> None:
+        assert self.loop is not None and self._drain_deadline is not None
+        if not self.state.inflight:
+            self.should_exit = True  # uvicorn's main loop notices within its tick
+            return
+        if self.loop.time() >= self._drain_deadline:
+            self._abort_in_flight()
+            self._drain_deadline = float("inf")  # aborted: now wait for their error events to go out
+        self.loop.call_later(self.DRAIN_POLL_S, self._drain_step)
 
     def _abort_in_flight(self) -> None:
         count = self.state.abort_all()
