@@ -286,6 +286,7 @@ class FormcastServer(uvicorn.Server):
         if self.loop is None or self._drain_deadline is not None:  # not serving yet, or a second request
             super().handle_exit(sig, frame)
             return
+        self._captured_signals.append(sig)  # re-raised after the shutdown, as uvicorn does
         self._drain_deadline = float("inf")  # set for real on the loop thread
         self.loop.call_soon_threadsafe(self._drain)
 
