@@ -45,19 +45,21 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def base_url():
+def base_url(tmp_path_factory):
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    log = open(log_path, "w")  # a file, not a pipe: a full pipe would block the server's logging
     proc = subprocess.Popen(
         [sys.executable, "-m", "engine", "serve", "--port", str(port), "--dtype", "float32", "--max-total-tokens", "6000",
          "--num-threads", "1", "--no-access-log", "--log-level", "warning"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(1800):
             if proc.poll() is not None:
-                raise AssertionError(f"formcast serve exited: {proc.stdout.read()[-3000:]}")
+                raise AssertionError(f"formcast serve exited: {log_path.read_text()[-3000:]}")
             try:
                 if httpx.get(url + "/health", timeout=1).status_code == 200:
                     break
@@ -67,6 +69,8 @@ def base_url():
     finally:
         proc.terminate()
         proc.wait(60)
+        log.close()
+        print(log_path.read_text()[-5000:])  # shown with -s or on failure: the server's side
 
 
 # --- LangChain --------------------------------------------------------------------------------
@@ -118,7 +122,7 @@ def test_instructor(base_url, mode):
     instructor = pytest.importorskip("instructor")
     import openai
 
-    client = instructor.from_openai(openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0), mode=getattr(instructor.Mode, mode))
+    client = instructor.from_openai(openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300), mode=getattr(instructor.Mode, mode))
     person = client.chat.completions.create(
         model=MODEL, response_model=Person, messages=[{"role": "user", "content": "Invent a person."}], max_tokens=40, temperature=0, max_retries=1
     )
@@ -153,7 +157,7 @@ def test_openai_agents_sdk_output_type(base_url):
     import openai
 
     agents.set_tracing_disabled(True)
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300)
     agent = agents.Agent(
         name="inventor",
         instructions="You invent people.",

@@ -205,3 +205,31 @@ def test_output_budget_names_the_minimum(smollm2_tokenizer, smollm2_vocab) -> No
     assert exc.value.field == "max_new_tokens"
     free = compile_regex("[a-z]*", smollm2_vocab)
     assert min_output_tokens(free, smollm2_tokenizer) == 0
+
+
+# --- reasoning sections -----------------------------------------------------------------------
+
+
+def _split(deltas: list[str], done: bool = False) -> tuple[str, str]:
+    from engine.constrained.reasoning import ReasoningSplitter
+
+    splitter = ReasoningSplitter("</think>", done=done)
+    parts = [splitter.feed(d) for d in deltas] + [splitter.finish()]
+    return "".join(p[0] for p in parts), "".join(p[1] for p in parts)
+
+
+@pytest.mark.parametrize("cut", range(1, 30))
+def test_reasoning_is_split_from_the_answer_whatever_the_deltas(cut: int) -> None:
+    text = "<think>\nLet me see.</think>\n\n{\"a\": 1}"
+    deltas = [text[i : i + cut] for i in range(0, len(text), cut)]
+    assert _split(deltas) == ("Let me see.", '{"a": 1}')
+
+
+def test_reasoning_cut_short_and_prompt_closed_blocks() -> None:
+    from engine.constrained.reasoning import prompt_closes_reasoning
+
+    assert _split(["<think>still thinking </thi"]) == ("still thinking </thi", "")  # EOS / budget inside
+    assert _split(["plain answer"], done=True) == ("", "plain answer")
+    assert prompt_closes_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n", "</think>")
+    assert not prompt_closes_reasoning("<|im_start|>assistant\n<think>\n", "</think>")
+    assert not prompt_closes_reasoning("<|im_start|>assistant\n", "</think>")

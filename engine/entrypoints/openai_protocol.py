@@ -267,6 +267,7 @@ class AssistantMessage(_Sparse):
     keep_null = frozenset({"content"})
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None  # with a reasoning end tag configured (constrained/reasoning.py)
     tool_calls: list[ToolCallOut] | None = None
 
 
@@ -304,6 +305,7 @@ class ToolCallDelta(_Sparse):
 class DeltaMessage(_Sparse):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 

@@ -42,6 +42,7 @@ from .openai_protocol import (
     ToolCallOut,
     TopLogprob,
 )
+from ..constrained.reasoning import ReasoningSplitter, prompt_closes_reasoning
 from .serving import Choice, EngineRun, EventStream, OpenAIServing, clamp_logprob, openai_finish_reason, usage_of, wants_usage
 from .tool_calls import (
     CALL_CLOSE,
@@ -72,9 +73,14 @@ class PreparedChat:
     tools: list[dict] | None
     tool_choice: Any
     stop_after_first_call: bool  # auto + parallel_tool_calls=false: the request stops at </tool_call>
+    reasoning_end: str | None = None  # the engine's reasoning end tag (reasoning_content is split off)
+    reasoning_closed: bool = False  # the prompt already closed the reasoning block
 
     def parser(self) -> ToolCallParser:
         return make_parser(self.mode, self.tools, self.tool_choice)
+
+    def splitter(self) -> ReasoningSplitter | None:
+        return ReasoningSplitter(self.reasoning_end, done=self.reasoning_closed) if self.reasoning_end else None
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -118,7 +124,9 @@ class OpenAIServingChat(OpenAIServing):
                 stop_after_first_call = True
         prompt_ids = self._prompt_ids(request, tools if mode != "none" else None)
         self.check_context(len(prompt_ids), params, "messages")
-        return PreparedChat(request, params, prompt_ids, mode, tools, body.get("tool_choice"), stop_after_first_call)
+        end = self.engine.args.reasoning_end
+        closed = end is not None and prompt_closes_reasoning(self.engine.texts.text(prompt_ids[-64:], skip_special_tokens=False), end)
+        return PreparedChat(request, params, prompt_ids, mode, tools, body.get("tool_choice"), stop_after_first_call, end, closed)
 
     def _prompt_ids(self, request: ChatCompletionRequest, tools: list[dict] | None) -> list[int]:
         plain = [_message_dict(m, i) for i, m in enumerate(request.messages)]
@@ -137,6 +145,8 @@ class OpenAIServingChat(OpenAIServing):
     # ------------------------------------------------------------------ whole response
     async def complete(self, prep: PreparedChat, run: EngineRun) -> ChatCompletionResponse:
         parsers = {c.index: prep.parser() for c in run.choices}
+        splitters = {c.index: prep.splitter() for c in run.choices}
+        reasoning: dict[int, list[str]] = {c.index: [] for c in run.choices}
         messages = {c.index: CollectedMessage() for c in run.choices}
         logprobs: dict[int, list[TokenLogprob]] = {c.index: [] for c in run.choices}
         async with aclosing(run.chunks()) as chunks:
@@ -144,13 +154,16 @@ class OpenAIServingChat(OpenAIServing):
                 finish = chunk["meta_info"]["finish_reason"]
                 if finish is not None and finish["type"] == "abort":
                     raise self.abort_error(finish)
-                messages[choice.index].add(self._parse(prep, parsers[choice.index], chunk))
+                thought, events = self._parse(prep, parsers[choice.index], splitters[choice.index], chunk)
+                reasoning[choice.index].append(thought)
+                messages[choice.index].add(events)
                 logprobs[choice.index] += self._logprobs(prep.params, chunk)
         out = []
         for c in run.choices:
             msg = messages[c.index]
             calls = [ToolCallOut(id=k["id"], function=FunctionCallOut(name=k["name"], arguments=k["arguments"])) for k in msg.calls]
-            message = AssistantMessage(content=msg.text, tool_calls=calls or None)
+            thought = "".join(reasoning[c.index]) if prep.reasoning_end else None
+            message = AssistantMessage(content=msg.text, tool_calls=calls or None, reasoning_content=thought)
             lp = ChoiceLogprobs(content=logprobs[c.index]) if prep.params.logprobs else None
             hidden = c.hidden_states if prep.params.return_hidden_states else None
             out.append(ChatChoice(index=c.index, message=message, logprobs=lp, finish_reason=_finish_reason(c, prep.mode, bool(calls)), hidden_states=hidden))
@@ -160,6 +173,7 @@ class OpenAIServingChat(OpenAIServing):
     async def stream(self, prep: PreparedChat, run: EngineRun) -> AsyncIterator[str]:
         response_id, created = _response_id(), int(time.time())
         parsers = {c.index: prep.parser() for c in run.choices}
+        splitters = {c.index: prep.splitter() for c in run.choices}
         calls_made = {c.index: False for c in run.choices}
 
         continuous = prep.request.stream_options is not None and prep.request.stream_options.continuous_usage_stats
@@ -180,7 +194,9 @@ class OpenAIServingChat(OpenAIServing):
                     finish = engine_chunk["meta_info"]["finish_reason"]
                     if finish is not None and finish["type"] == "abort":
                         raise self.abort_error(finish)
-                    events = self._parse(prep, parsers[choice.index], engine_chunk)
+                    thought, events = self._parse(prep, parsers[choice.index], splitters[choice.index], engine_chunk)
+                    if thought:
+                        yield chunk(choice.index, DeltaMessage(reasoning_content=thought))
                     calls_made[choice.index] |= any(isinstance(e, ParsedCallStart) for e in events)
                     deltas = _deltas(events)
                     token_logprobs = self._logprobs(prep.params, engine_chunk)
@@ -207,14 +223,19 @@ class OpenAIServingChat(OpenAIServing):
 
     # ------------------------------------------------------------------ pieces
     @staticmethod
-    def _parse(prep: PreparedChat, parser: ToolCallParser, chunk: dict) -> list[ParsedEvent]:
-        events = parser.feed(chunk["text"])
+    def _parse(prep: PreparedChat, parser: ToolCallParser, splitter: ReasoningSplitter | None, chunk: dict) -> tuple[str, list[ParsedEvent]]:
+        """(reasoning text, answer events) of one engine chunk."""
+        thought, text = splitter.feed(chunk["text"]) if splitter is not None else ("", chunk["text"])
         finish = chunk["meta_info"]["finish_reason"]
+        if finish is not None and splitter is not None:
+            more_thought, more_text = splitter.finish()
+            thought, text = thought + more_thought, text + more_text
+        events = parser.feed(text)
         if finish is not None:
             if prep.stop_after_first_call and finish.get("matched") == CALL_CLOSE:
                 events += parser.feed(CALL_CLOSE)  # the stop string was cut from the text
             events += parser.finish()
-        return events
+        return thought, events
 
     def _logprobs(self, params: SamplingParams, chunk: dict) -> list[TokenLogprob]:
         meta = chunk["meta_info"]
