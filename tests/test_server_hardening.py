@@ -265,16 +265,6 @@ def test_the_waiting_queue_is_bounded_by_default(server, engine):
     assert server.app.state.serving_config.max_waiting_requests == 16 * engine.args.max_running_requests
 
 
-def test_a_budget_below_the_shortest_output_is_400_naming_the_minimum(http):
-    schema = {"type": "object", "properties": {"when": {"type": "string", "format": "date-time"}, "id": {"type": "string", "format": "uuid"}},
-              "required": ["when", "id"], "additionalProperties": False}  # fmt: skip
-    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
-    r = http.post("/v1/chat/completions", json=_chat(max_tokens=20, response_format=fmt))
-    assert r.status_code == 400, r.text
-    error = r.json()["error"]
-    assert error["param"] == "max_tokens" and re.search(r"below the \d+ tokens", error["message"])
-
-
 # --- native routes ----------------------------------------------------------------------------
 
 

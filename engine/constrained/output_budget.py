@@ -1,8 +1,9 @@
 """The fewest output tokens a constraint allows, checked against ``max_new_tokens`` at admission.
 
 A budget below the shortest valid output can only end in a cut document (finish ``length``), so
-the request is refused before it runs: a 400 over HTTP, an ``abort`` naming the minimum from the
-Engine, exit status 2 from the CLI. The grammar knows the shortest completion in bytes from its
+the request is refused before it runs. Wired into the CLI (exit status 2, naming the minimum);
+the server and the scheduler do not call it yet: with it, a request with a JSON object schema
+hung in the server (not understood yet; suspected contention on the compiled grammar's lock). The grammar knows the shortest completion in bytes from its
 start (``CompiledGrammar.shortest_completion``); its length in tokens is that text as the model's
 tokenizer encodes it (jump-forward appends forced text the same way). A grammar with no
 completion at all is refused outright.

@@ -8,8 +8,7 @@ A request's life in the server::
     check_context                        400 when prompt + max_tokens exceed the context
     check_constraint                     the grammar backend compiles the constraint on its worker
                                          (the event loop awaits a future): 400 with the compiler's
-                                         message, or when max_tokens is below the shortest output
-                                         it allows; the scheduler later finds the compile in the cache
+                                         message; the scheduler later finds the compile in the cache
     expand                               one ``Choice`` per prompt and per n (own rid, seed + k)
     submit -> EngineRun                  one ``Engine.async_generate(stream=True)`` call for all
                                          choices; ``chunks()`` yields (choice, chunk) in order and
@@ -35,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..constrained.grammar_backend import InvalidGrammar
-from ..constrained.output_budget import check_output_budget
 from ..sampling_params import SamplingParams
 from .api_errors import APIError, bad_request, internal_error, overloaded, shutting_down
 from .engine import Engine
@@ -190,12 +188,10 @@ class OpenAIServing:
         try:
             # shield: a request cancelled while waiting must not cancel the compile that the
             # cache shares with every other request carrying the same constraint.
-            compiled = await asyncio.shield(asyncio.wrap_future(future))
+            await asyncio.shield(asyncio.wrap_future(future))
         except InvalidGrammar:
             self.metrics.grammar_refused.inc()
             raise
-        # A max_tokens no valid output fits is refused now, not answered with a cut document.
-        await asyncio.to_thread(check_output_budget, compiled, params, self.engine.tokenizer)
 
     # ------------------------------------------------------------------ running
     def expand(self, prompts: list[list[int]], params: SamplingParams) -> list[Choice]:

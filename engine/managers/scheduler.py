@@ -2,9 +2,8 @@
 
 Each iteration (``step``):
 1. take new requests, aborts and calls from the inbox; a request with a constraint waits
-   (holding nothing) until the grammar backend has compiled it; a refused constraint, or a
-   ``max_new_tokens`` below the shortest output it allows (``constrained.output_budget``),
-   finishes its request with ``abort`` and a message naming the cause;
+   (holding nothing) until the grammar backend has compiled it; a refused constraint finishes
+   its request with ``abort`` and the compiler's message;
 2. ``BatchPlanner`` picks this step's rows (running requests, newly admitted ones, chunked
    prefills, speculative drafts) and allocates their KV slots, retracting if it must;
 3. one forward for all rows (prefill and decode mixed) while a worker thread fills the grammar
@@ -33,12 +32,10 @@ from grammar import GrammarError, GrammarMatcher, TokenVocabulary
 
 from ..constrained.bitmask_filler import fill_grammar_masks
 from ..constrained.grammar_backend import GrammarBackend
-from ..constrained.output_budget import check_output_budget
 from ..constrained.reasoning import prompt_closes_reasoning
 from ..mem_cache.radix_cache import RadixCache
 from ..model_executor.model_runner import ModelRunner
 from ..sampling.sampling_batch_info import make_generator
-from ..sampling_params import InvalidSamplingParams
 from ..speculative.worker import SpeculativeConfig, SpeculativeWorker, build_drafter
 from .detokenizer import TokenTexts
 from .io_struct import BatchTokenIDOutput
@@ -226,10 +223,8 @@ class Scheduler:
                 continue
             req.grammar_future = None
             try:
-                compiled = future.result()
-                check_output_budget(compiled, req.sampling_params, self.outputs.tokenizer)
-                req.grammar = GrammarMatcher(compiled)
-            except (GrammarError, InvalidSamplingParams) as exc:  # refused, or no output fits the budget
+                req.grammar = GrammarMatcher(future.result())
+            except GrammarError as exc:
                 self._finish_unscheduled(req, str(exc))
                 continue
             except Exception as exc:  # noqa: BLE001 - a compiler bug aborts this request only
