@@ -19,12 +19,12 @@ Data flow::
 the embedded model's files, offline tokenizers). ``entrypoints/cli.py`` is ``formcast``;
 ``entrypoints/http_server.py`` is ``formcast serve``, the OpenAI-compatible server over one Engine
 (``serving_chat.py`` / ``serving_completions.py`` map requests onto ``SamplingParams`` through
-``to_sampling_params``, ``tool_calls.py`` constrains and parses tool calls). ``extract/`` is
+``openai_mapping.to_sampling_params``, ``tool_calls.py`` constrains and parses tool calls). ``extract/`` is
 ``formcast extract`` and ``Engine.extract``: resumable batch jobs over files of records, on one
 Engine or through Ray Data (one Engine per actor).
 """
 
-from .sampling_params import SamplingParams, to_sampling_params
+from .sampling_params import SamplingParams
 
 __all__ = ["Engine", "SamplingParams", "to_sampling_params"]
 
@@ -34,4 +34,8 @@ def __getattr__(name: str):  # Engine pulls in torch and the model code: load it
         from .entrypoints.engine import Engine
 
         return Engine
+    if name == "to_sampling_params":  # the OpenAI mapping lives with the server (entrypoints/)
+        from .entrypoints.openai_mapping import to_sampling_params
+
+        return to_sampling_params
     raise AttributeError(name)

@@ -1,4 +1,4 @@
-"""Per-request sampling parameters: validation, normalization, and the OpenAI request mapping.
+"""Per-request sampling parameters: validation and normalization.
 
 ``SamplingParams`` holds what a user may ask of one request. Grammar fields (``json_schema``,
 ``regex``, ``ebnf``, ``structural_tag``) are only stored and checked for mutual exclusion here;
@@ -7,12 +7,17 @@ compiling them is the grammar layer's job. ``verify()`` raises ``InvalidSampling
 
 Conventions:
 * ``temperature == 0`` means greedy (argmax); the sampler treats such rows without randomness.
+  ``normalize`` turns a positive temperature below ``MIN_TEMPERATURE`` into 0: dividing float32
+  logits by it would overflow to inf and sample NaN, and the distribution is a point mass anyway.
 * ``top_k == -1`` (or ``None`` before ``normalize``) disables top-k; ``top_k == 0`` is an error.
 * ``max_new_tokens is None`` means "until a stop condition or the context limit".
 * ``logprobs_mode``: ``"processed"`` (default) reports logprobs of the distribution actually
   sampled from -- after penalties, the grammar mask (masked tokens are ``-inf``), temperature and
   top-k/top-p/min-p truncation -- as SGLang and vLLM do; ``"raw"`` reports ``log_softmax`` of the
   model's logits before any processing.
+
+Mapping a protocol's request (OpenAI's ``response_format``, ``tool_choice``, ...) onto these
+fields is the front end's job: ``engine.entrypoints.openai_mapping``.
 """
 
 from __future__ import annotations
@@ -23,10 +28,13 @@ from typing import Any, Literal
 
 from .errors import InvalidSamplingParams  # defined with the other field errors; imported from here too
 
-__all__ = ["InvalidSamplingParams", "SamplingParams", "to_sampling_params", "GRAMMAR_FIELDS"]
+__all__ = ["InvalidSamplingParams", "SamplingParams", "GRAMMAR_FIELDS", "MIN_TEMPERATURE"]
 
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 _MAX_SEED = 2**63 - 1
+# Below this, a positive temperature is greedy: logits / T stays finite in float32 down to about
+# 1e-37, but far above that the softmax is already a point mass on the argmax.
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass
@@ -46,8 +54,12 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
+    # Keep the matched stop string at the end of the text (it is cut by default).
+    no_stop_trim: bool = False
     n: int = 1
+    # Token id -> value added to its logit before the grammar mask (so a bias never lets a
+    # token through that the constraint forbids); values in [-100, 100], as OpenAI's.
+    logit_bias: dict[int, float] | None = None
     json_schema: str | dict[str, Any] | bool | None = None
     # OpenAI "strict" flag of response_format.json_schema; the grammar compiler may pick the strict style.
     json_schema_strict: bool = False
@@ -76,8 +88,8 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        """Argmax decoding (temperature 0 or top_k 1)."""
-        return self.temperature == 0.0 or self.top_k == 1
+        """Argmax decoding (temperature 0, or below ``MIN_TEMPERATURE``, or top_k 1)."""
+        return self.temperature < MIN_TEMPERATURE or self.top_k == 1
 
     @property
     def grammar(self) -> tuple[str, Any] | None:
@@ -104,6 +116,8 @@ class SamplingParams:
         self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
         if self.top_k is None:
             self.top_k = -1
+        if isinstance(self.temperature, (int, float)) and 0.0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = 0.0
         if self.top_logprobs_num and not self.logprobs:
             self.logprobs = True  # asking for top-N implies logprobs
         if tokenizer is not None and self.stop:
@@ -114,7 +128,7 @@ class SamplingParams:
 
     def verify(self, vocab_size: int | None = None) -> None:
         """Raise ``InvalidSamplingParams`` naming the first field out of range."""
-        _check_number("temperature", self.temperature, lo=0.0, desc=">= 0")
+        _check_number("temperature", self.temperature, lo=0.0, desc="a finite number >= 0")
         _check_number("top_p", self.top_p, lo=0.0, hi=1.0, lo_open=True, desc="in (0, 1]")
         _check_number("min_p", self.min_p, lo=0.0, hi=1.0, desc="in [0, 1]")
         _check_number("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0, desc="in [-2, 2]")
@@ -134,6 +148,7 @@ class SamplingParams:
         if not _is_int(self.n) or self.n < 1:
             raise InvalidSamplingParams("n", f"must be an integer >= 1, got {self.n!r}")
         self._verify_lists(vocab_size)
+        self._verify_logit_bias(vocab_size)
         self._verify_grammar()
         self._verify_logprobs(vocab_size)
         if self.sampling_seed is not None and (not _is_int(self.sampling_seed) or not 0 <= self.sampling_seed <= _MAX_SEED):
@@ -148,6 +163,17 @@ class SamplingParams:
             if not _is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size):
                 bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
                 raise InvalidSamplingParams("stop_token_ids", f"ids must be integers in {bound}, got {t!r}")
+
+    def _verify_logit_bias(self, vocab_size: int | None) -> None:
+        if self.logit_bias is None:
+            return
+        if not isinstance(self.logit_bias, dict):
+            raise InvalidSamplingParams("logit_bias", f"must map token ids to numbers, got {type(self.logit_bias).__name__}")
+        for token, value in self.logit_bias.items():
+            if not _is_int(token) or token < 0 or (vocab_size is not None and token >= vocab_size):
+                bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
+                raise InvalidSamplingParams("logit_bias", f"token ids must be integers in {bound}, got {token!r}")
+            _check_number("logit_bias", value, lo=-100.0, hi=100.0, desc=f"in [-100, 100] (token {token})")
 
     def _verify_grammar(self) -> None:
         given = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]
@@ -188,7 +214,7 @@ def _is_int(value: Any) -> bool:
 def _check_number(
     name: str, value: Any, *, lo: float | None = None, hi: float | None = None, lo_open: bool = False, desc: str
 ) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if ok and lo is not None:
         ok = value > lo if lo_open else value >= lo
     if ok and hi is not None:
@@ -200,140 +226,3 @@ def _check_number(
 def _token_len(tokenizer: Any, text: str) -> int:
     ids = tokenizer.encode(text, add_special_tokens=False)
     return len(ids)
-
-
-# --- OpenAI request mapping -------------------------------------------------------------------
-
-# Request fields copied as-is (OpenAI name -> SamplingParams name); includes the SGLang/vLLM
-# extensions that OpenAI-compatible servers accept.
-_DIRECT_FIELDS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "n": "n",
-    "stop": "stop",
-    "seed": "sampling_seed",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-    "min_tokens": "min_new_tokens",
-    "stop_token_ids": "stop_token_ids",
-    "ignore_eos": "ignore_eos",
-    "skip_special_tokens": "skip_special_tokens",
-    "spaces_between_special_tokens": "spaces_between_special_tokens",
-    "regex": "regex",
-    "ebnf": "ebnf",
-    "json_schema": "json_schema",
-    "json_schema_draft": "json_schema_draft",
-    "json_schema_formats": "json_schema_formats",
-    "structural_tag": "structural_tag",
-    "grammar_compile_timeout": "grammar_compile_timeout",
-    "return_hidden_states": "return_hidden_states",
-    "return_routed_experts": "return_routed_experts",
-    "return_routed_expert_weights": "return_routed_expert_weights",
-}
-
-
-def to_sampling_params(request: dict[str, Any]) -> SamplingParams:
-    """Map an OpenAI chat/completions request body onto a normalized, verified ``SamplingParams``.
-
-    * ``max_completion_tokens`` (chat) wins over ``max_tokens``; absent -> no limit (``None``).
-    * ``logprobs``: chat sends a bool plus ``top_logprobs``; completions sends an int N (top-N).
-    * ``response_format``: ``json_schema`` -> ``json_schema`` = its ``schema`` (``strict`` is kept in
-      ``json_schema_strict``; a schema without ``$schema`` follows formcast's default draft, 2020-12
-      with the older spellings, unless the ``json_schema_draft`` extension names one); ``json_object`` -> ``{"type": "object"}``; ``text`` -> nothing;
-      ``structural_tag`` (SGLang extension) -> ``structural_tag`` = the whole object.
-    * ``tool_choice`` with ``tools``: ``"none"``/``"auto"``/absent add no constraint (a free choice
-      between text and a call depends on the chat template's call syntax, which is the chat
-      layer's concern); ``"required"`` constrains the output to a JSON array of at least one
-      ``{"name": <tool name>, "arguments": <that tool's parameters>}`` (exactly one when
-      ``parallel_tool_calls`` is false); a named function
-      (``{"type": "function", "function": {"name": N}}``) constrains the output to N's
-      ``parameters`` schema (the arguments object), as vLLM does.
-    """
-    params = SamplingParams(max_new_tokens=None)
-    for src, dst in _DIRECT_FIELDS.items():
-        if request.get(src) is not None:
-            setattr(params, dst, request[src])
-    limit = request.get("max_completion_tokens", request.get("max_tokens"))
-    if limit is not None:
-        params.max_new_tokens = limit
-    _map_logprobs(request, params)
-    _map_response_format(request.get("response_format"), params)
-    parallel = request.get("parallel_tool_calls")
-    tool_schema = _tool_choice_schema(request.get("tool_choice"), request.get("tools"), parallel is not False)
-    if tool_schema is not None:
-        if params.grammar is not None:
-            raise InvalidSamplingParams("tool_choice", f"cannot be combined with a {params.grammar[0]} constraint")
-        params.json_schema = tool_schema
-    params.normalize()
-    params.verify()
-    return params
-
-
-def _map_logprobs(request: dict[str, Any], params: SamplingParams) -> None:
-    logprobs = request.get("logprobs")
-    if isinstance(logprobs, bool):  # chat: bool + top_logprobs
-        params.logprobs = logprobs
-        top = request.get("top_logprobs")
-        if top is not None:
-            if not logprobs:
-                raise InvalidSamplingParams("top_logprobs", "requires logprobs=true")
-            params.top_logprobs_num = top
-    elif logprobs is not None:  # completions: int N = number of top logprobs
-        params.logprobs = True
-        params.top_logprobs_num = logprobs
-
-
-def _map_response_format(fmt: Any, params: SamplingParams) -> None:
-    if fmt is None:
-        return
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind == "text":
-        return
-    if params.grammar is not None:
-        raise InvalidSamplingParams("response_format", f"cannot be combined with {params.grammar[0]}")
-    if kind == "json_object":
-        params.json_schema = {"type": "object"}
-    elif kind == "json_schema":
-        spec = fmt.get("json_schema")
-        if not isinstance(spec, dict) or "schema" not in spec:
-            raise InvalidSamplingParams("response_format.json_schema", "must be an object with a 'schema'")
-        params.json_schema = spec["schema"]
-        params.json_schema_strict = bool(spec.get("strict", False))
-    elif kind == "structural_tag":
-        params.structural_tag = {k: v for k, v in fmt.items() if k != "type"}
-    else:
-        raise InvalidSamplingParams("response_format.type", f"must be text, json_object, json_schema or structural_tag, got {kind!r}")
-
-
-def _tool_choice_schema(choice: Any, tools: Any, parallel: bool = True) -> dict[str, Any] | None:
-    if choice is None or choice in ("none", "auto"):
-        return None
-    if not tools:
-        raise InvalidSamplingParams("tool_choice", "requires a non-empty 'tools' list")
-    functions = {}
-    for tool in tools:
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(fn, dict) or "name" not in fn:
-            raise InvalidSamplingParams("tools", f"each tool needs a function with a name, got {tool!r}")
-        functions[fn["name"]] = fn.get("parameters") or {"type": "object"}
-    if choice == "required":
-        calls = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": name}, "arguments": schema},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for name, schema in functions.items()
-        ]
-        array = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
-        return array if parallel else {**array, "maxItems": 1}
-    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
-        name = choice["function"].get("name")
-        if name not in functions:
-            raise InvalidSamplingParams("tool_choice", f"names unknown function {name!r}")
-        return functions[name]
-    raise InvalidSamplingParams("tool_choice", f"must be none, auto, required or a named function, got {choice!r}")

@@ -202,7 +202,8 @@ def test_a_timeout_is_a_503_and_a_refusal_a_400():
 
 
 def test_request_budget_is_validated():
-    from engine.sampling_params import InvalidSamplingParams, SamplingParams, to_sampling_params
+    from engine.entrypoints.openai_mapping import to_sampling_params
+    from engine.sampling_params import InvalidSamplingParams, SamplingParams
 
     with pytest.raises(InvalidSamplingParams, match="grammar_compile_timeout"):
         SamplingParams(regex="a", grammar_compile_timeout=0).verify()

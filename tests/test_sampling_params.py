@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from engine.sampling_params import InvalidSamplingParams, SamplingParams, to_sampling_params
+from engine.entrypoints.openai_mapping import to_sampling_params
+from engine.sampling_params import InvalidSamplingParams, SamplingParams
 
 
 def test_defaults_verify_and_are_not_greedy() -> None:

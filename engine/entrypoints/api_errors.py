@@ -109,6 +109,10 @@ def validation_error(exc: RequestValidationError) -> APIError:
     elif kind == "json_invalid":
         message = f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}"
         where = "body"
+    elif kind == "value_error" and where == "body":
+        # A model-level check (``openai_protocol``) names the field at the start of its message.
+        message = str(first.get("ctx", {}).get("error", first.get("msg", "invalid body")))
+        where = message.split(":", 1)[0]
     elif kind == "missing":
         message = f"{where}: required field missing"
     else:

@@ -213,6 +213,7 @@ def _add_serve_parser(sub: Any) -> None:
     serve.add_argument("--api-key", default=os.environ.get("FORMCAST_API_KEY"), help="require 'Authorization: Bearer KEY' on /v1 (default: $FORMCAST_API_KEY)")
     serve.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the model folder's name)")
     serve.add_argument("--shutdown-timeout", type=float, default=20.0, metavar="S", help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
+    serve.add_argument("--max-request-body-mb", type=float, default=8.0, metavar="MB", help="larger request bodies get 413 (default 8)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.add_argument("--no-access-log", action="store_true")
     _add_engine_options(serve)
@@ -230,6 +231,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or None,
         served_model_name=args.served_model_name,
         shutdown_timeout=args.shutdown_timeout,
+        max_request_body_bytes=int(args.max_request_body_mb * 1024 * 1024),
         log_level=args.log_level,
         access_log=not args.no_access_log,
     )
@@ -326,9 +328,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
             prompts.append(text if args.no_chat else engine.apply_chat_template([{"role": "user", "content": text}]))
             params.append(merged)
         if args.prompt is not None:
+            from ..constrained.output_budget import check_output_budget
             from ..sampling_params import SamplingParams
 
-            engine.grammar_backend.compile(SamplingParams(**params[0]))  # a refused constraint exits 2 here
+            one = SamplingParams(**params[0])
+            compiled = engine.grammar_backend.compile(one)  # a refused constraint exits 2 here
+            check_output_budget(compiled, one, engine.tokenizer)  # so does a budget no output fits
             print("formcast: generating...", file=sys.stderr, flush=True)
             result = engine.generate(prompts[0], params[0])
             _warn_if_not_complete(result)
@@ -359,7 +364,7 @@ def _run_batch(engine: Any, records: list[dict], prompts: list, params: list) ->
     failed = 0
     for record, rid in zip(records, rids):
         meta = finals[rid]
-        failed += meta["finish_reason"]["type"] == "abort"
+        failed += meta["finish_reason"]["type"] in ("abort", "dead_end")
         line = {"id": record.get("id"), "text": "".join(texts[rid]), "finish_reason": meta["finish_reason"],
                 "completion_tokens": meta["completion_tokens"]}  # fmt: skip
         sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")

@@ -49,6 +49,10 @@ from ..speculative.worker import SpeculativeConfig, build_worker
 from .engine_args import EngineArgs
 
 
+# apply_chat_template's own arguments: a caller's template variables may not override them.
+_TEMPLATE_RESERVED = frozenset({"conversation", "tools", "documents", "chat_template", "tokenize", "add_generation_prompt", "continue_final_message", "return_tensors", "return_dict", "padding", "truncation", "max_length", "tokenizer_kwargs"})
+
+
 class Engine:
     def __init__(self, model_path: str | None = None, **options: Any) -> None:
         self.args = EngineArgs.from_options(model_path, **options)
@@ -208,10 +212,27 @@ class Engine:
 
         return extract(self, records, schema, **options)
 
-    def apply_chat_template(self, messages: list[dict], tools: list | None = None) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict], tools: list | None = None, *, continue_final_message: bool = False, **template_kwargs: Any
+    ) -> list[int]:
+        """Prompt ids of ``messages``: a new assistant turn opened, or with ``continue_final_message``
+        the last (assistant) message left open to be continued. ``template_kwargs`` reach the
+        template as variables (``enable_thinking``, ``reasoning_effort``, ...)."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise PromptError("messages", "the model has no chat template; send a plain prompt")
-        text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        reserved = sorted(set(template_kwargs) & _TEMPLATE_RESERVED)
+        if reserved:
+            raise PromptError("chat_template_kwargs", f"{reserved[0]!r} is set by the engine, not by the caller")
+        if continue_final_message and (not messages or messages[-1].get("role") != "assistant"):
+            raise PromptError("continue_final_message", "the last message must be an assistant message to continue")
+        text = self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=not continue_final_message,
+            continue_final_message=continue_final_message,
+            **template_kwargs,
+        )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # ------------------------------------------------------------------ introspection
@@ -235,6 +256,8 @@ class Engine:
             p = dataclasses.replace(p)
             if return_logprob or top_logprobs_num:
                 p.logprobs, p.top_logprobs_num = True, max(top_logprobs_num, p.top_logprobs_num)
+            if return_hidden_states:
+                p.return_hidden_states = True
             p.normalize(self.tokenizer)
             p.verify(self.vocab.vocab_size)
             self._check_prompt(ids, p)
@@ -298,6 +321,11 @@ class Engine:
             raise PromptError("prompt", f"has {len(ids)} tokens; the KV cache holds {self.runner.max_total_tokens}")
         if (params.return_routed_experts or params.return_routed_expert_weights) and self.runner.model_config.moe is None:
             raise PromptError("return_routed_experts", f"the model ({self.runner.model_config.architecture}) has no experts")
+        room = self.context_len - len(ids)
+        if params.min_new_tokens > room:
+            raise InvalidSamplingParams(
+                "min_new_tokens", f"{params.min_new_tokens} tokens cannot fit: the prompt has {len(ids)} tokens and the context holds {self.context_len}"
+            )
 
     # ------------------------------------------------------------------ delivery
     def _submit(self, reqs: list[Req], channel: Any, loop: asyncio.AbstractEventLoop | None) -> None:

@@ -16,7 +16,7 @@ class EngineArgs:
     max_total_tokens: int | None = None  # KV cache slots; default from mem_fraction
     mem_fraction: float = 0.2  # of the memory free after loading, for the KV cache
     max_running_requests: int = 64
-    max_waiting_requests: int | None = None  # None: unbounded (the server answers 503 beyond it)
+    max_waiting_requests: int | None = None  # None: the Engine is unbounded; the server bounds it at 16 x max_running_requests (503 beyond)
     context_length: int | None = None  # cap below the model's own
     chunked_prefill_size: int = 512  # prompt tokens per forward; longer prompts go in chunks
     enable_prefix_cache: bool = True

@@ -5,7 +5,8 @@ sse-starlette.
     curl localhost:30000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 
 Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /metrics``
-(Prometheus), ``POST /v1/completions``, ``POST /v1/chat/completions``. With an API key, every
+(Prometheus), ``POST /v1/completions``, ``POST /v1/chat/completions``, and the native ones
+(``serving_native``): ``POST /generate``, ``POST /v1/tokenize``, ``POST /v1/detokenize``. With an API key, every
 ``/v1`` route wants ``Authorization: Bearer <key>`` (401 otherwise); ``/health`` and ``/metrics``
 stay open for probes and scrapers.
 
@@ -16,10 +17,11 @@ Disconnects: a streaming response notices the client leaving (sse-starlette list
 ``http.disconnect``) and is cancelled; a non-streaming one is raced against the same message
 (``_until_disconnect``). Either way the engine request is aborted and its KV slots freed.
 
-Shutdown (SIGINT / SIGTERM, or ``FormcastServer.handle_exit``): uvicorn stops accepting
-connections; requests in flight get ``shutdown_timeout`` seconds to finish, then the server
-aborts them (their streams end with an error event, non-streaming ones get 503); new requests on
-open connections get 503 meanwhile. Then the engine shuts down (when the server owns it).
+Shutdown (SIGINT / SIGTERM, or ``FormcastServer.handle_exit``): the server keeps accepting
+connections but answers 503 to new work and to ``/health``; requests in flight get
+``shutdown_timeout`` seconds to finish, then the server aborts them (their streams end with an
+error event, non-streaming ones get 503); once none is left, uvicorn closes the connections and
+the engine shuts down (when the server owns it).
 sse-starlette's own drain, which cancels every stream the moment uvicorn is asked to exit, is
 turned off: it is process-global and, once triggered, never resets, which would cut the streams
 of any later server in the same process (as in the tests).
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -45,6 +48,7 @@ from sse_starlette import EventSourceResponse
 from sse_starlette.sse import AppStatus
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..constrained.grammar_backend import InvalidGrammar
 from ..sampling_params import InvalidSamplingParams
@@ -55,11 +59,15 @@ from .openai_protocol import ChatCompletionRequest, CompletionRequest, ModelCard
 from .serving import EventStream, ServerState, ServingConfig
 from .serving_chat import OpenAIServingChat
 from .serving_completions import OpenAIServingCompletion
+from .serving_native import DetokenizeRequest, GenerateRequest, NativeServing, TokenizeRequest
 
 log = logging.getLogger("formcast.server")
 T = TypeVar("T")
 
 AppStatus.disable_automatic_graceful_drain()  # see the module docstring
+
+# Waiting requests the server admits per running slot when the engine sets no bound.
+DEFAULT_WAITING_PER_RUNNING = 16
 
 
 @dataclass
@@ -69,6 +77,9 @@ class ServerSettings:
     api_key: str | None = None
     served_model_name: str | None = None  # default: the model folder's name
     shutdown_timeout: float = 20.0  # seconds in-flight requests get to finish on SIGINT / SIGTERM
+    # Larger request bodies are answered 413 before they are parsed (a 20 MB prompt would
+    # otherwise hold the event loop for seconds while it is decoded and validated).
+    max_request_body_bytes: int = 8 * 1024 * 1024
     log_level: str = "info"
     access_log: bool = True
 
@@ -81,9 +92,12 @@ def build_app(engine: Engine, settings: ServerSettings, *, shutdown_engine: bool
     """The ASGI app over ``engine``; with ``shutdown_engine`` it stops the engine on exit."""
     state = ServerState(engine)
     metrics = ServerMetrics(engine)
-    config = ServingConfig(model_name=served_model_name(engine, settings), max_waiting_requests=engine.args.max_waiting_requests)
+    # The waiting queue is bounded even when the engine's is not: beyond it, 503 with Retry-After.
+    waiting = engine.args.max_waiting_requests or DEFAULT_WAITING_PER_RUNNING * engine.args.max_running_requests
+    config = ServingConfig(model_name=served_model_name(engine, settings), max_waiting_requests=waiting)
     chat = OpenAIServingChat(engine, config, metrics, state)
     completions = OpenAIServingCompletion(engine, config, metrics, state)
+    native = NativeServing(engine, state)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -93,7 +107,7 @@ def build_app(engine: Engine, settings: ServerSettings, *, shutdown_engine: bool
             await asyncio.to_thread(engine.shutdown)
             log.info("formcast: engine stopped")
 
-    app = FastAPI(title="formcast", lifespan=lifespan)
+    app = FastAPI(title="formcast", lifespan=lifespan, max_body_size=settings.max_request_body_bytes)
     app.state.server = state
     app.state.metrics = metrics
     app.state.serving_config = config
@@ -128,7 +142,28 @@ def build_app(engine: Engine, settings: ServerSettings, *, shutdown_engine: bool
     async def text_completions(body: CompletionRequest, request: Request) -> Response:
         return await _respond(request, completions.create(body, time.monotonic()))
 
+    @v1.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> Response:
+        chat.check_model(body.model)
+        return _json(json.dumps(await native.tokenize(body)))
+
+    @v1.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> Response:
+        chat.check_model(body.model)
+        return _json(json.dumps(native.detokenize(body), ensure_ascii=False))
+
     app.include_router(v1)
+
+    @app.post("/generate", dependencies=[Depends(_api_key_check(settings.api_key))])
+    async def generate(body: GenerateRequest, request: Request) -> Response:
+        chat.check_capacity()
+        result = await _until_disconnect(request, native.generate(body))
+        if result is None:
+            return Response(status_code=499)
+        if isinstance(result, (dict, list)):
+            return _json(json.dumps(result, ensure_ascii=False))
+        return EventSourceResponse(result, sep="\n")
+
     return app
 
 
@@ -186,6 +221,10 @@ def _api_key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
     return check
 
 
+def settings_limit(app: FastAPI) -> int | None:
+    return getattr(app, "max_body_size", None)
+
+
 def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     def answer(error: APIError) -> JSONResponse:
         metrics.errors.labels(str(error.status)).inc()
@@ -200,9 +239,14 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
         return answer(validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return answer(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code))
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if isinstance(exc.__cause__, ClientDisconnect):  # left mid-upload: nobody to answer, no error of theirs
+            return Response(status_code=499)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
+        detail = exc.detail
+        if exc.status_code == 413:
+            detail = f"the request body is larger than this server's limit of {settings_limit(app)} bytes"
+        return answer(APIError(exc.status_code, f"{request.method} {request.url.path}: {detail}", code=code))
 
     async def caller_error(request: Request, exc: Exception) -> JSONResponse:
         error = to_api_error(exc)
@@ -222,25 +266,45 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
 
 
 class FormcastServer(uvicorn.Server):
-    """uvicorn's server, plus the drain: on the first exit request, 503 new work and abort what
-    is still running after ``grace`` seconds."""
+    """uvicorn's server, plus the drain. On the first exit request the server keeps listening
+    and answers 503 to new work (``/health`` included, on new and kept-alive connections alike)
+    while the requests in flight finish; those still running after ``grace`` seconds are
+    aborted; once none is left, uvicorn's own shutdown runs. A second exit request (a second
+    Ctrl-C) goes straight to uvicorn's shutdown."""
+
+    # Seconds between checks of whether the requests in flight are done.
+    DRAIN_POLL_S = 0.05
 
     def __init__(self, config: uvicorn.Config, state: ServerState, grace: float) -> None:
         super().__init__(config)
         self.state = state
         self.grace = grace
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._drain_deadline: float | None = None
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        first = not self.should_exit
-        super().handle_exit(sig, frame)
-        if first and self.loop is not None:
-            self.loop.call_soon_threadsafe(self._drain)
+        if self.loop is None or self._drain_deadline is not None:  # not serving yet, or a second request
+            super().handle_exit(sig, frame)
+            return
+        self._captured_signals.append(sig)  # re-raised after the shutdown, as uvicorn does
+        self._drain_deadline = float("inf")  # set for real on the loop thread
+        self.loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:
-        self.state.draining = True
         assert self.loop is not None
-        self.loop.call_later(self.grace, self._abort_in_flight)
+        self.state.draining = True
+        self._drain_deadline = self.loop.time() + self.grace
+        self._drain_step()
+
+    def _drain_step(self) -> None:
+        assert self.loop is not None and self._drain_deadline is not None
+        if not self.state.inflight:
+            self.should_exit = True  # uvicorn's main loop notices within its tick
+            return
+        if self.loop.time() >= self._drain_deadline:
+            self._abort_in_flight()
+            self._drain_deadline = float("inf")  # aborted: now wait for their error events to go out
+        self.loop.call_later(self.DRAIN_POLL_S, self._drain_step)
 
     def _abort_in_flight(self) -> None:
         count = self.state.abort_all()

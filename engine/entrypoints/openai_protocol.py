@@ -20,7 +20,32 @@ from __future__ import annotations
 import time
 from typing import Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+
+
+def _lone_surrogate(value: Any, path: str) -> str | None:
+    """The path of the first string holding a lone surrogate (JSON's ``"\\ud800"`` decodes to
+    one; it cannot be encoded as UTF-8, so no tokenizer or response could carry it), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        for key in value:
+            if isinstance(key, str) and _lone_surrogate(key, path) is not None:
+                return f"{path}.<key>" if path else "<key>"
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        where = _lone_surrogate(item, f"{path}.{key}" if path else str(key))
+        if where is not None:
+            return where
+    return None
 
 
 class _Request(BaseModel):
@@ -49,6 +74,8 @@ class _Sparse(_Response):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    # vLLM's: every chunk carries the usage so far (not only the last one).
+    continuous_usage_stats: bool = False
 
 
 class FunctionDefinition(_Request):
@@ -99,8 +126,8 @@ class ToolCall(_Request):
 
 
 class ContentPart(BaseModel):
-    """One part of a message's content; only ``text`` parts are supported (checked when the
-    prompt is built, so the error names the part's type)."""
+    """One part of a message's content; only ``text`` parts, with their ``text``, are supported
+    (checked when the prompt is built, so the error names the part's type or the missing text)."""
 
     model_config = ConfigDict(extra="allow")
     type: str
@@ -114,6 +141,9 @@ class ChatMessage(_Request):
     tool_calls: list[ToolCall] | None = None  # assistant turns that called tools
     tool_call_id: str | None = None  # tool turns: which call this answers
     refusal: str | None = None
+    # An assistant turn's reasoning (vLLM / DeepSeek clients send it back); templates that
+    # render reasoning (Qwen3) get it, others ignore it.
+    reasoning_content: str | None = None
 
 
 class _SamplingExtensions(_Request):
@@ -126,11 +156,18 @@ class _SamplingExtensions(_Request):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
-    spaces_between_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None  # keep the matched stop string in the output
+    return_hidden_states: bool | None = None  # the last layer's state per output token
     regex: str | None = None
     ebnf: str | None = None
     json_schema: dict[str, Any] | str | bool | None = None
+    # The draft of a schema without $schema (default: 2020-12 read with the older spellings) and
+    # whether ``format`` is asserted ("assert", the default) or an annotation ("annotate").
+    json_schema_draft: str | None = None
+    json_schema_formats: str | None = None
     structural_tag: dict[str, Any] | str | None = None
+    return_routed_experts: bool | None = None  # MoE models: the experts chosen per output token
+    return_routed_expert_weights: bool | None = None
     grammar_compile_timeout: float | None = None  # seconds, at most the server's own budget
 
 
@@ -138,7 +175,7 @@ class _CommonRequest(_SamplingExtensions):
     model: str | None = None  # None: the served model
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None  # refused when non-empty (not implemented)
+    logit_bias: dict[str, float] | None = None  # token id -> bias, applied before the grammar mask
     max_tokens: int | None = None
     n: int = Field(default=1, ge=1, le=128)
     seed: int | None = None
@@ -147,8 +184,20 @@ class _CommonRequest(_SamplingExtensions):
     stream_options: StreamOptions | None = None
     temperature: float | None = None
     top_p: float | None = None
-    user: str | None = None  # accepted and ignored: an end-user id for the caller's own logs
+    user: str | None = None  # an end-user id, written to the server's log with the request id
+    # OpenAI's stored-completions fields: nothing is stored here; both go to the server's log
+    # (metadata: at most 16 string pairs, as OpenAI).
+    store: bool | None = None
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
     response_format: ResponseFormat | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, data: Any) -> Any:
+        where = _lone_surrogate(data, "")
+        if where is not None:
+            raise ValueError(f"{where or 'body'}: contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text")
+        return data
 
 
 class ChatCompletionRequest(_CommonRequest):
@@ -159,6 +208,13 @@ class ChatCompletionRequest(_CommonRequest):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # Keyword arguments for the chat template (e.g. {"enable_thinking": false} for Qwen3).
+    chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's reasoning budget; passed to the chat template as ``reasoning_effort`` (templates
+    # of reasoning models read it), nothing else here.
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    # The last message is an assistant prefix to continue (no new turn is opened).
+    continue_final_message: bool = False
 
 
 class CompletionRequest(_CommonRequest):
@@ -217,14 +273,18 @@ class AssistantMessage(_Sparse):
     keep_null = frozenset({"content"})
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None  # with a reasoning end tag configured (constrained/reasoning.py)
     tool_calls: list[ToolCallOut] | None = None
 
 
-class ChatChoice(_Response):
+class ChatChoice(_Sparse):
+    keep_null = frozenset({"logprobs", "finish_reason"})
     index: int
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
+    # With return_hidden_states (SGLang's extension): the last layer's state per output token.
+    hidden_states: list[list[float]] | None = None
 
 
 class ChatCompletionResponse(_Response):
@@ -251,6 +311,7 @@ class ToolCallDelta(_Sparse):
 class DeltaMessage(_Sparse):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 
@@ -277,11 +338,13 @@ class CompletionLogprobs(_Response):
     text_offset: list[int] = Field(default_factory=list)
 
 
-class CompletionChoice(_Response):
+class CompletionChoice(_Sparse):
+    keep_null = frozenset({"logprobs", "finish_reason"})
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    hidden_states: list[list[float]] | None = None  # as ChatChoice's
 
 
 class CompletionResponse(_Sparse):

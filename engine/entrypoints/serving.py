@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -38,6 +39,8 @@ from .api_errors import APIError, bad_request, internal_error, overloaded, shutt
 from .engine import Engine
 from .metrics import ServerMetrics
 from .openai_protocol import PromptTokensDetails, Usage
+
+log = logging.getLogger("formcast.server")
 
 # A logprob of -inf (a token the grammar masked) is reported as this, as OpenAI does: JSON has no -inf.
 MIN_LOGPROB = -9999.0
@@ -81,6 +84,7 @@ class Choice:
     first_token_time: float | None = None
     last_token_time: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # the last chunk's meta_info
+    hidden_states: list[list[float]] = field(default_factory=list)  # with return_hidden_states
 
     @property
     def finish(self) -> dict[str, Any] | None:
@@ -88,8 +92,11 @@ class Choice:
 
 
 def openai_finish_reason(finish: dict[str, Any]) -> str:
-    """The engine's finish reason -> OpenAI's (``abort`` never reaches a client as a reason)."""
-    return "length" if finish["type"] == "length" else "stop"
+    """The engine's finish reason -> OpenAI's (``abort`` never reaches a client as a reason).
+    ``dead_end`` (the constraint allows nothing more, the output is incomplete) has no OpenAI
+    counterpart; it is reported as itself so that no client mistakes the output for whole."""
+    kind = finish["type"]
+    return kind if kind in ("length", "dead_end") else "stop"
 
 
 def clamp_logprob(value: float | None) -> float:
@@ -103,6 +110,11 @@ def usage_of(choices: list[Choice]) -> Usage:
     cached = sum(c.meta.get("cached_tokens", 0) for c in firsts)
     completion = sum(c.meta.get("completion_tokens", 0) for c in choices)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion, prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+def wants_usage(request: Any) -> bool:
+    """A streamed request that asked for a final usage chunk."""
+    return request.stream_options is not None and request.stream_options.include_usage
 
 
 class OpenAIServing:
@@ -128,11 +140,35 @@ class OpenAIServing:
             if waiting >= bound:
                 raise overloaded(f"the server is overloaded: {waiting} requests are waiting (bound {bound}); retry later")
 
+    def check_common(self, request: Any) -> None:
+        """Checks of fields both endpoints share that ``to_sampling_params`` does not see."""
+        if request.stream_options is not None and not request.stream:
+            raise bad_request("stream_options: only allowed when stream is true", param="stream_options")
+        # store: clients (the Agents SDK, proxies) send true by default; nothing is stored here,
+        # so it is logged with user and metadata, the caller's own labels, and not refused.
+        if request.user is not None or request.metadata or request.store:
+            log.info("request from user=%r metadata=%r store=%r (nothing is stored)", request.user, request.metadata, request.store)
+
     def check_context(self, prompt_len: int, params: SamplingParams, param: str) -> None:
         context = self.engine.context_len
         if prompt_len >= context:
             raise bad_request(f"{param}: the prompt has {prompt_len} tokens; the model's context holds {context} (prompt plus output)", param=param, code="context_length_exceeded")
+        if params.min_new_tokens > context - prompt_len:
+            raise bad_request(
+                f"min_tokens: {params.min_new_tokens} tokens cannot fit: the prompt has {prompt_len} tokens "
+                f"and the model's context holds {context}",
+                param="min_tokens",
+                code="context_length_exceeded",
+            )
         wanted = params.max_new_tokens
+        pool = self.engine.runner.max_total_tokens
+        if wanted is not None and params.n * (prompt_len + wanted) > pool:
+            # One request may not reserve more KV than the whole pool: it could never run at once.
+            raise bad_request(
+                f"n: {params.n} choices of {prompt_len} prompt + {wanted} output tokens reserve "
+                f"{params.n * (prompt_len + wanted)} tokens; this server's KV cache holds {pool}",
+                param="n",
+            )
         if wanted is not None and prompt_len + wanted > context:
             raise bad_request(
                 f"max_tokens: the prompt has {prompt_len} tokens and max_tokens asks for {wanted} more; "
@@ -199,13 +235,15 @@ class OpenAIServing:
             choice.last_token_time = now
             choice.token_count += len(chunk["output_ids"])
         choice.text.append(chunk["text"])
+        choice.hidden_states += meta.get("hidden_states") or []
         finish = meta["finish_reason"]
         if finish is not None:
             m = self.metrics
             m.e2e.observe(now - arrival)
-            m.prompt_tokens.inc(meta["prompt_tokens"])
+            if choice.sample == 0:  # a prompt sampled n times is one prompt, as in usage
+                m.prompt_tokens.inc(meta["prompt_tokens"])
+                m.cached_tokens.inc(meta["cached_tokens"])
             m.generation_tokens.inc(meta["completion_tokens"])
-            m.cached_tokens.inc(meta["cached_tokens"])
             m.requests.labels(self.endpoint, finish["type"]).inc()
 
     def abort_error(self, finish: dict[str, Any]) -> APIError:

@@ -11,6 +11,7 @@ asks, and ``[DONE]``. A request the engine aborts mid-stream ends with an ``erro
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -21,7 +22,8 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from ..sampling_params import SamplingParams, to_sampling_params
+from ..sampling_params import SamplingParams
+from .openai_mapping import to_sampling_params
 from .api_errors import APIError, bad_request, internal_error
 from .openai_protocol import (
     AssistantMessage,
@@ -40,7 +42,8 @@ from .openai_protocol import (
     ToolCallOut,
     TopLogprob,
 )
-from .serving import Choice, EngineRun, EventStream, OpenAIServing, clamp_logprob, openai_finish_reason, usage_of
+from ..constrained.reasoning import ReasoningSplitter, prompt_closes_reasoning
+from .serving import Choice, EngineRun, EventStream, OpenAIServing, clamp_logprob, openai_finish_reason, usage_of, wants_usage
 from .tool_calls import (
     CALL_CLOSE,
     CollectedMessage,
@@ -70,9 +73,14 @@ class PreparedChat:
     tools: list[dict] | None
     tool_choice: Any
     stop_after_first_call: bool  # auto + parallel_tool_calls=false: the request stops at </tool_call>
+    reasoning_end: str | None = None  # the engine's reasoning end tag (reasoning_content is split off)
+    reasoning_closed: bool = False  # the prompt already closed the reasoning block
 
     def parser(self) -> ToolCallParser:
         return make_parser(self.mode, self.tools, self.tool_choice)
+
+    def splitter(self) -> ReasoningSplitter | None:
+        return ReasoningSplitter(self.reasoning_end, done=self.reasoning_closed) if self.reasoning_end else None
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -80,7 +88,9 @@ class OpenAIServingChat(OpenAIServing):
 
     async def create(self, request: ChatCompletionRequest, arrival: float) -> ChatCompletionResponse | EventStream:
         """The whole response, or (``stream``) its SSE events."""
-        prep = self.prepare(request)
+        # Templating and tokenizing a large request take long: off the event loop, so they never
+        # stall other clients' streams (or /health).
+        prep = await asyncio.to_thread(self.prepare, request)
         await self.check_constraint(prep.params)
         choices = self.expand([prep.prompt_ids], prep.params)
         run = await self.submit(choices, arrival)
@@ -95,10 +105,7 @@ class OpenAIServingChat(OpenAIServing):
     def prepare(self, request: ChatCompletionRequest) -> PreparedChat:
         self.check_model(request.model)
         self.check_capacity()
-        if request.logit_bias:
-            raise bad_request("logit_bias: not supported by this server", param="logit_bias")
-        if request.stream_options is not None and not request.stream:
-            raise bad_request("stream_options: only allowed when stream is true", param="stream_options")
+        self.check_common(request)
         body = request.model_dump(by_alias=True, exclude_unset=True)
         tools = body.get("tools") or None
         mode = tool_mode(tools, body.get("tool_choice"))
@@ -115,22 +122,31 @@ class OpenAIServingChat(OpenAIServing):
             if not request.parallel_tool_calls:
                 params.stop = [*(params.stop or []), CALL_CLOSE]
                 stop_after_first_call = True
-        prompt_ids = self._prompt_ids(request.messages, tools if mode != "none" else None)
+        prompt_ids = self._prompt_ids(request, tools if mode != "none" else None)
         self.check_context(len(prompt_ids), params, "messages")
-        return PreparedChat(request, params, prompt_ids, mode, tools, body.get("tool_choice"), stop_after_first_call)
+        end = self.engine.args.reasoning_end
+        closed = end is not None and prompt_closes_reasoning(self.engine.texts.text(prompt_ids[-64:], skip_special_tokens=False), end)
+        return PreparedChat(request, params, prompt_ids, mode, tools, body.get("tool_choice"), stop_after_first_call, end, closed)
 
-    def _prompt_ids(self, messages: list[ChatMessage], tools: list[dict] | None) -> list[int]:
-        plain = [_message_dict(m, i) for i, m in enumerate(messages)]
+    def _prompt_ids(self, request: ChatCompletionRequest, tools: list[dict] | None) -> list[int]:
+        plain = [_message_dict(m, i) for i, m in enumerate(request.messages)]
         template = getattr(self.engine.tokenizer, "chat_template", None) or ""
         rendered, template_tools = prompt_messages(plain, tools, template_renders_tools="tools" in template)
+        template_kwargs = dict(request.chat_template_kwargs or {})
+        if request.reasoning_effort is not None:
+            template_kwargs.setdefault("reasoning_effort", request.reasoning_effort)
         try:
-            return self.engine.apply_chat_template(rendered, tools=template_tools)
+            return self.engine.apply_chat_template(
+                rendered, tools=template_tools, continue_final_message=request.continue_final_message, **template_kwargs
+            )
         except TemplateError as exc:
             raise bad_request(f"messages: the chat template refused them: {exc}", param="messages") from None
 
     # ------------------------------------------------------------------ whole response
     async def complete(self, prep: PreparedChat, run: EngineRun) -> ChatCompletionResponse:
         parsers = {c.index: prep.parser() for c in run.choices}
+        splitters = {c.index: prep.splitter() for c in run.choices}
+        reasoning: dict[int, list[str]] = {c.index: [] for c in run.choices}
         messages = {c.index: CollectedMessage() for c in run.choices}
         logprobs: dict[int, list[TokenLogprob]] = {c.index: [] for c in run.choices}
         async with aclosing(run.chunks()) as chunks:
@@ -138,26 +154,37 @@ class OpenAIServingChat(OpenAIServing):
                 finish = chunk["meta_info"]["finish_reason"]
                 if finish is not None and finish["type"] == "abort":
                     raise self.abort_error(finish)
-                messages[choice.index].add(self._parse(prep, parsers[choice.index], chunk))
+                thought, events = self._parse(prep, parsers[choice.index], splitters[choice.index], chunk)
+                reasoning[choice.index].append(thought)
+                messages[choice.index].add(events)
                 logprobs[choice.index] += self._logprobs(prep.params, chunk)
         out = []
         for c in run.choices:
             msg = messages[c.index]
             calls = [ToolCallOut(id=k["id"], function=FunctionCallOut(name=k["name"], arguments=k["arguments"])) for k in msg.calls]
-            message = AssistantMessage(content=msg.text, tool_calls=calls or None)
+            thought = "".join(reasoning[c.index]) if prep.reasoning_end else None
+            message = AssistantMessage(content=msg.text, tool_calls=calls or None, reasoning_content=thought)
             lp = ChoiceLogprobs(content=logprobs[c.index]) if prep.params.logprobs else None
-            out.append(ChatChoice(index=c.index, message=message, logprobs=lp, finish_reason=_finish_reason(c, prep.mode, bool(calls))))
+            hidden = c.hidden_states if prep.params.return_hidden_states else None
+            out.append(ChatChoice(index=c.index, message=message, logprobs=lp, finish_reason=_finish_reason(c, prep.mode, bool(calls)), hidden_states=hidden))
         return ChatCompletionResponse(id=_response_id(), model=self.config.model_name, choices=out, usage=usage_of(run.choices))
 
     # ------------------------------------------------------------------ streamed response
     async def stream(self, prep: PreparedChat, run: EngineRun) -> AsyncIterator[str]:
         response_id, created = _response_id(), int(time.time())
         parsers = {c.index: prep.parser() for c in run.choices}
+        splitters = {c.index: prep.splitter() for c in run.choices}
         calls_made = {c.index: False for c in run.choices}
+
+        continuous = prep.request.stream_options is not None and prep.request.stream_options.continuous_usage_stats
 
         def chunk(index: int, delta: DeltaMessage, **fields: Any) -> str:
             choice = ChatChunkChoice(index=index, delta=delta, logprobs=fields.pop("logprobs", None), finish_reason=fields.pop("finish_reason", None))
-            return ChatCompletionChunk(id=response_id, created=created, model=self.config.model_name, choices=[choice]).to_json()
+            usage = usage_of(run.choices) if continuous else None
+            return ChatCompletionChunk(id=response_id, created=created, model=self.config.model_name, choices=[choice], usage=usage).to_json()
+
+        def usage_chunk() -> str:
+            return ChatCompletionChunk(id=response_id, created=created, model=self.config.model_name, choices=[], usage=usage_of(run.choices)).to_json()
 
         try:
             for c in run.choices:
@@ -167,7 +194,9 @@ class OpenAIServingChat(OpenAIServing):
                     finish = engine_chunk["meta_info"]["finish_reason"]
                     if finish is not None and finish["type"] == "abort":
                         raise self.abort_error(finish)
-                    events = self._parse(prep, parsers[choice.index], engine_chunk)
+                    thought, events = self._parse(prep, parsers[choice.index], splitters[choice.index], engine_chunk)
+                    if thought:
+                        yield chunk(choice.index, DeltaMessage(reasoning_content=thought))
                     calls_made[choice.index] |= any(isinstance(e, ParsedCallStart) for e in events)
                     deltas = _deltas(events)
                     token_logprobs = self._logprobs(prep.params, engine_chunk)
@@ -178,11 +207,12 @@ class OpenAIServingChat(OpenAIServing):
                         yield chunk(choice.index, delta, logprobs=lp)
                     if finish is not None:
                         yield chunk(choice.index, DeltaMessage(), finish_reason=_finish_reason(choice, prep.mode, calls_made[choice.index]))
-            options = prep.request.stream_options
-            if options is not None and options.include_usage:
-                usage = ChatCompletionChunk(id=response_id, created=created, model=self.config.model_name, choices=[], usage=usage_of(run.choices))
-                yield usage.to_json()
+            if wants_usage(prep.request):
+                yield usage_chunk()
         except APIError as exc:
+            # Aborted mid-stream (shutdown, ...): the tokens generated so far are still billed.
+            if wants_usage(prep.request):
+                yield usage_chunk()
             yield exc.body().to_json()
         except Exception as exc:  # noqa: BLE001 - the stream has started: report in-band
             log.exception("chat stream failed")
@@ -193,14 +223,19 @@ class OpenAIServingChat(OpenAIServing):
 
     # ------------------------------------------------------------------ pieces
     @staticmethod
-    def _parse(prep: PreparedChat, parser: ToolCallParser, chunk: dict) -> list[ParsedEvent]:
-        events = parser.feed(chunk["text"])
+    def _parse(prep: PreparedChat, parser: ToolCallParser, splitter: ReasoningSplitter | None, chunk: dict) -> tuple[str, list[ParsedEvent]]:
+        """(reasoning text, answer events) of one engine chunk."""
+        thought, text = splitter.feed(chunk["text"]) if splitter is not None else ("", chunk["text"])
         finish = chunk["meta_info"]["finish_reason"]
+        if finish is not None and splitter is not None:
+            more_thought, more_text = splitter.finish()
+            thought, text = thought + more_thought, text + more_text
+        events = parser.feed(text)
         if finish is not None:
             if prep.stop_after_first_call and finish.get("matched") == CALL_CLOSE:
                 events += parser.feed(CALL_CLOSE)  # the stop string was cut from the text
             events += parser.finish()
-        return events
+        return thought, events
 
     def _logprobs(self, params: SamplingParams, chunk: dict) -> list[TokenLogprob]:
         meta = chunk["meta_info"]
@@ -220,21 +255,27 @@ def _message_dict(message: ChatMessage, position: int) -> dict[str, Any]:
     content = message.content
     if isinstance(content, list):
         texts = []
-        for part in content:
-            if part.type != "text" or part.text is None:
-                raise bad_request(f"messages[{position}].content: part type {part.type!r} is not supported (text only)", param=f"messages[{position}].content")
+        for k, part in enumerate(content):
+            where = f"messages[{position}].content[{k}]"
+            if part.type != "text":
+                raise bad_request(f"{where}: part type {part.type!r} is not supported (text only)", param=where)
+            if not isinstance(part.text, str):
+                raise bad_request(f"{where}.text: required (a string) for a part of type 'text'", param=f"{where}.text")
             texts.append(part.text)
         content = "\n".join(texts)
     if message.role == "tool" and not message.tool_call_id:
         raise bad_request(f"messages[{position}].tool_call_id: required for a tool message", param=f"messages[{position}].tool_call_id")
     calls = [c.model_dump() for c in message.tool_calls] if message.tool_calls else None
-    return {
+    out = {
         "role": "system" if message.role == "developer" else message.role,
         "content": content,
         "name": message.name,
         "tool_calls": calls,
         "tool_call_id": message.tool_call_id,
     }
+    if message.reasoning_content is not None:
+        out["reasoning_content"] = message.reasoning_content
+    return out
 
 
 def _deltas(events: list[ParsedEvent]) -> list[DeltaMessage]:

@@ -9,6 +9,7 @@ no top alternatives). ``text_offset`` counts characters from the start of the re
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -16,10 +17,11 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from ..sampling_params import SamplingParams, to_sampling_params
+from ..sampling_params import SamplingParams
+from .openai_mapping import to_sampling_params
 from .api_errors import APIError, bad_request, internal_error
 from .openai_protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
-from .serving import EngineRun, EventStream, OpenAIServing, clamp_logprob, openai_finish_reason, usage_of
+from .serving import EngineRun, EventStream, OpenAIServing, clamp_logprob, openai_finish_reason, usage_of, wants_usage
 
 log = logging.getLogger("formcast.server")
 
@@ -36,7 +38,7 @@ class OpenAIServingCompletion(OpenAIServing):
     endpoint = "completions"
 
     async def create(self, request: CompletionRequest, arrival: float) -> CompletionResponse | EventStream:
-        prep = self.prepare(request)
+        prep = await asyncio.to_thread(self.prepare, request)  # tokenizing: off the event loop
         await self.check_constraint(prep.params)
         choices = self.expand(prep.prompt_ids, prep.params)
         run = await self.submit(choices, arrival)
@@ -50,14 +52,11 @@ class OpenAIServingCompletion(OpenAIServing):
     def prepare(self, request: CompletionRequest) -> PreparedCompletion:
         self.check_model(request.model)
         self.check_capacity()
-        if request.logit_bias:
-            raise bad_request("logit_bias: not supported by this server", param="logit_bias")
+        self.check_common(request)
         if request.suffix is not None:
             raise bad_request("suffix: not supported by this server (no fill-in-the-middle)", param="suffix")
         if request.best_of is not None and request.best_of != request.n:
             raise bad_request(f"best_of: only best_of == n is supported (no server-side ranking), got best_of={request.best_of}, n={request.n}", param="best_of")
-        if request.stream_options is not None and not request.stream:
-            raise bad_request("stream_options: only allowed when stream is true", param="stream_options")
         body = request.model_dump(by_alias=True, exclude_unset=True)
         body.setdefault("max_tokens", request.max_tokens)  # OpenAI's default of 16 applies when absent
         params = to_sampling_params(body)
@@ -103,7 +102,8 @@ class OpenAIServingCompletion(OpenAIServing):
             text = (prep.prompt_texts[c.prompt_index] if prep.request.echo else "") + "".join(c.text)
             assert c.finish is not None
             lp = logprobs[c.index] if prep.params.logprobs else None
-            out.append(CompletionChoice(index=c.index, text=text, logprobs=lp, finish_reason=openai_finish_reason(c.finish)))
+            hidden = c.hidden_states if prep.params.return_hidden_states else None
+            out.append(CompletionChoice(index=c.index, text=text, logprobs=lp, finish_reason=openai_finish_reason(c.finish), hidden_states=hidden))
         return CompletionResponse(id=_response_id(), model=self.config.model_name, choices=out, usage=usage_of(run.choices))
 
     # ------------------------------------------------------------------ streamed response
@@ -112,9 +112,15 @@ class OpenAIServingCompletion(OpenAIServing):
         offsets = {c.index: 0 for c in run.choices}
         started: set[int] = set()
 
+        continuous = prep.request.stream_options is not None and prep.request.stream_options.continuous_usage_stats
+
         def chunk(index: int, text: str, lp: CompletionLogprobs | None, finish: str | None = None) -> str:
             choice = CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=finish)
-            return CompletionResponse(id=response_id, created=created, model=self.config.model_name, choices=[choice]).to_json()
+            usage = usage_of(run.choices) if continuous else None
+            return CompletionResponse(id=response_id, created=created, model=self.config.model_name, choices=[choice], usage=usage).to_json()
+
+        def usage_chunk() -> str:
+            return CompletionResponse(id=response_id, created=created, model=self.config.model_name, choices=[], usage=usage_of(run.choices)).to_json()
 
         try:
             async with aclosing(run.chunks()) as chunks:
@@ -133,10 +139,11 @@ class OpenAIServingCompletion(OpenAIServing):
                     reason = openai_finish_reason(finish) if finish is not None else None
                     if text or lp is not None and lp.tokens or reason is not None:
                         yield chunk(choice.index, text, lp, reason)
-            options = prep.request.stream_options
-            if options is not None and options.include_usage:
-                yield CompletionResponse(id=response_id, created=created, model=self.config.model_name, choices=[], usage=usage_of(run.choices)).to_json()
+            if wants_usage(prep.request):
+                yield usage_chunk()
         except APIError as exc:
+            if wants_usage(prep.request):  # aborted mid-stream: what was generated is still billed
+                yield usage_chunk()
             yield exc.body().to_json()
         except Exception as exc:  # noqa: BLE001 - the stream has started: report in-band
             log.exception("completion stream failed")

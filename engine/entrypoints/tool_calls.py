@@ -17,9 +17,9 @@ How each ``tool_choice`` is enforced (``tool_mode`` names it; always through ``S
   when the grammar can still finish it within ``max_tokens`` (counting a byte per token): leave
   room for a whole call, or the model is steered to write around the trigger.
 * ``required``: the whole output is a JSON array of ``{"name", "arguments"}`` objects, each
-  valid against its tool (``to_sampling_params`` builds the schema; at most one item when
-  ``parallel_tool_calls`` is false).
-* a named function: the whole output is that function's arguments object.
+  valid against its tool (``forced_call_schema``; at most one item when ``parallel_tool_calls``
+  is false).
+* a named function: the whole output is that function's arguments object (``forced_call_schema``).
 * ``none``: no constraint, and the tools are left out of the prompt so the model is not invited
   to call them.
 
@@ -39,6 +39,8 @@ import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
+
+from ..sampling_params import InvalidSamplingParams
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -79,6 +81,37 @@ def auto_structural_tag(tools: list[dict]) -> dict[str, Any]:
         for t in tools
     ]
     return {"structures": structures, "triggers": [CALL_OPEN]}
+
+
+def forced_call_schema(choice: Any, tools: Any, parallel: bool = True) -> dict[str, Any]:
+    """The JSON Schema of the whole output for ``tool_choice`` ``required`` or a named function;
+    ``InvalidSamplingParams`` naming ``tool_choice`` / ``tools`` for anything else."""
+    if not tools:
+        raise InvalidSamplingParams("tool_choice", "requires a non-empty 'tools' list")
+    functions = {}
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or "name" not in fn:
+            raise InvalidSamplingParams("tools", f"each tool needs a function with a name, got {tool!r}")
+        functions[fn["name"]] = fn.get("parameters") or {"type": "object"}
+    if choice == "required":
+        calls = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": schema},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for name, schema in functions.items()
+        ]
+        array = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+        return array if parallel else {**array, "maxItems": 1}
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in functions:
+            raise InvalidSamplingParams("tool_choice", f"names unknown function {name!r}")
+        return functions[name]
+    raise InvalidSamplingParams("tool_choice", f"must be none, auto, required or a named function, got {choice!r}")
 
 
 # ---------------------------------------------------------------------------------- prompting

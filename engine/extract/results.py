@@ -109,6 +109,8 @@ def from_generation(record_id: str | int, line: int, out: dict[str, Any], kind: 
         budget = f"max_new_tokens={max_new_tokens}" if max_new_tokens is not None else "the context"
         message = f"incomplete within {budget}: the output stopped after {meta['completion_tokens']} tokens"
         return ExtractResult(**base, error=ExtractError(FailureType.INCOMPLETE, message))
+    if reason["type"] == "dead_end":
+        return ExtractResult(**base, error=ExtractError(FailureType.INCOMPLETE, reason.get("message", "the constraint allows no completion")))
     if reason["type"] == "abort":
         return ExtractResult(**base, error=ExtractError(FailureType.ABORTED, reason.get("message", "aborted")))
     if kind != "json_schema":

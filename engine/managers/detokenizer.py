@@ -6,7 +6,7 @@ bytes are there, so deltas concatenate to the final text by construction. Specia
 dropped (``skip_special_tokens``) or rendered as their text.
 
 Stop strings: the scheduler decides that a request stopped; here the text is cut at the first
-occurrence of the matched string after what was already shown (a stop string cannot start in
+occurrence of the matched string (after it, with ``no_stop_trim``) after what was already shown (a stop string cannot start in
 shown text: that text was followed by at least ``len - 1`` held-back characters), and while a request with stop strings is still running, the
 last ``len(longest stop) - 1`` characters are held back, so a stream never shows the start of a
 stop string that the next token completes.
@@ -56,6 +56,7 @@ class IncrementalDetokenizer:
     texts: TokenTexts
     skip_special_tokens: bool = True
     stop_strings: tuple[str, ...] = ()
+    no_stop_trim: bool = False
     text: str = ""  # everything decoded so far
     emitted: int = 0  # characters of ``text`` already handed out
     _decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
@@ -67,8 +68,8 @@ class IncrementalDetokenizer:
             self.text += self._decoder.decode(b"", final=True)
             if isinstance(finished_reason, FinishMatchedStr):
                 cut = self.text.find(finished_reason.matched, self.emitted)
-                if cut >= 0:
-                    self.text = self.text[:cut]
+                if cut >= 0:  # no_stop_trim keeps the stop string, never what followed it
+                    self.text = self.text[: cut + (len(finished_reason.matched) if self.no_stop_trim else 0)]
             end = len(self.text)
         else:
             hold = max((len(s) for s in self.stop_strings), default=1) - 1
@@ -98,6 +99,6 @@ class Detokenizer:
     def _state(self, step: ReqStepOutput) -> IncrementalDetokenizer:
         state = self._states.get(step.rid)
         if state is None:
-            state = IncrementalDetokenizer(self.texts, step.skip_special_tokens, step.stop_strings)
+            state = IncrementalDetokenizer(self.texts, step.skip_special_tokens, step.stop_strings, step.no_stop_trim)
             self._states[step.rid] = state
         return state

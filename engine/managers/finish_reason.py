@@ -4,7 +4,11 @@
   ended the grammar;
 * ``{"type": "stop", "matched": "<stop string>"}``: a stop string (removed from the text);
 * ``{"type": "length", "length": n}``: ``max_new_tokens`` or the context limit;
-* ``{"type": "abort", "message": "..."}``: refused grammar, grammar budget, abort by the caller.
+* ``{"type": "abort", "message": "..."}``: refused grammar, grammar budget, abort by the caller;
+* ``{"type": "dead_end", "message": "..."}``: the constraint allows no next token and the output
+  is not complete (a constraint the compiler admits whose every path dead-ends, e.g. more unique
+  items than the item type has values). The output so far is returned; nothing failed in the
+  engine, so it is a finish, not an error.
 """
 
 from __future__ import annotations
@@ -53,3 +57,11 @@ class FinishAbort(FinishReason):
 
     def to_json(self) -> dict[str, Any]:
         return {"type": "abort", "message": self.message}
+
+
+@dataclass(frozen=True)
+class FinishDeadEnd(FinishReason):
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "dead_end", "message": self.message}

@@ -24,6 +24,7 @@ class ReqStepOutput:
     cached_tokens: int
     skip_special_tokens: bool = True
     stop_strings: tuple[str, ...] = ()
+    no_stop_trim: bool = False  # keep a matched stop string in the text
     output_token_logprobs: list[tuple[float, int]] | None = None  # for new_token_ids
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
     input_token_logprobs: list[tuple[float | None, int]] | None = None  # sent once

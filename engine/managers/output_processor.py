@@ -22,6 +22,7 @@ from ..layers.logits import LogitsProcessorOutput
 from ..mem_cache.memory_pool import TokenToKVPool
 from ..sampling.sampler import NO_TOKEN, SamplerOutput
 from .detokenizer import TokenTexts
+from .finish_reason import FinishDeadEnd
 from .io_struct import BatchTokenIDOutput, ReqStepOutput
 from .req import Req
 from ..constrained.jump_forward import forces_text, jump_forward_tokens, jumps_forward
@@ -95,8 +96,9 @@ class OutputProcessor:
         tokens = result.tokens
         for j, token in enumerate(tokens):
             if token == NO_TOKEN:
-                req.abort("the grammar allows no token at this point")
-                req.check_finished()
+                req.finished_reason = FinishDeadEnd(
+                    f"the constraint allows no token after {len(req.output_ids)} output tokens and the output is not complete"
+                )
                 return min(j, result.accepted)
             if j == result.accepted and j > 0 and self._jump_forward_due(req):
                 return j  # without drafts, the forced text would be appended here, not a sample
@@ -219,6 +221,7 @@ class OutputProcessor:
                 cached_tokens=req.cached_tokens,
                 skip_special_tokens=req.sampling_params.skip_special_tokens,
                 stop_strings=tuple(req.sampling_params.stop or ()),
+                no_stop_trim=req.sampling_params.no_stop_trim,
                 forced_tokens=req.forced_tokens,
             )
             if req.return_logprob:

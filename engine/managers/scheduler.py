@@ -32,6 +32,7 @@ from grammar import GrammarError, GrammarMatcher, TokenVocabulary
 
 from ..constrained.bitmask_filler import fill_grammar_masks
 from ..constrained.grammar_backend import GrammarBackend
+from ..constrained.reasoning import prompt_closes_reasoning
 from ..mem_cache.radix_cache import RadixCache
 from ..model_executor.model_runner import ModelRunner
 from ..sampling.sampling_batch_info import make_generator
@@ -231,7 +232,9 @@ class Scheduler:
                 log.exception("grammar compilation crashed")
                 self._finish_unscheduled(req, f"internal error compiling the constraint: {exc!r}")
                 continue
-            req.reasoning_done = self.config.reasoning_end is None
+            end = self.config.reasoning_end
+            # A template that closed the think block in the prompt leaves no reasoning to wait for.
+            req.reasoning_done = end is None or prompt_closes_reasoning(self.texts.text(req.origin_input_ids[-64:], skip_special_tokens=False), end)
             self.waiting.append(req)
         self.grammar_wait = still
 

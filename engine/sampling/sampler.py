@@ -1,7 +1,7 @@
 """``Sampler``: logits [B, V] + ``SamplingBatchInfo`` -> next token ids and logprobs.
 
 One pipeline, in a fixed order (mask first: every later step sees only allowed tokens):
-  raw logprobs (if asked) -> grammar bitmask -> min_new_tokens (stop ids masked)
+  raw logprobs (if asked) -> logit_bias -> grammar bitmask -> min_new_tokens (stop ids masked)
   -> rows with no allowed token are set aside
   -> penalties -> greedy argmax | temperature -> softmax -> top-k -> top-p -> min-p -> draw.
 
@@ -106,6 +106,7 @@ class Sampler:
         raw = torch.log_softmax(logits, dim=-1) if any(info.raw_logprobs) else None
         if logits.shape[1] > info.vocab_size:
             logits[:, info.vocab_size :] = float("-inf")  # padded embedding rows are never sampled
+        _apply_logit_bias(logits, info)  # before the mask: a bias never revives a masked token
         if info.vocab_mask is not None:
             rows = info.grammar_row_indices()
             apply_token_bitmask_inplace(logits, info.vocab_mask, indices=rows, vocab_size=info.vocab_size)
@@ -179,6 +180,14 @@ class Sampler:
         processed[out.finished_no_allowed_token] = float("-inf")
         chosen, ids, values = gather_logprobs(processed, out.next_token_ids, max(info.top_logprobs_nums))
         out.logprobs, out.top_logprobs_ids, out.top_logprobs_values = chosen, ids, values
+
+
+def _apply_logit_bias(logits: torch.Tensor, info: SamplingBatchInfo) -> None:
+    for row, bias in enumerate(info.logit_biases):
+        if bias:
+            ids = torch.tensor(list(bias), dtype=torch.int64, device=logits.device)
+            values = torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
+            logits[row].index_add_(0, ids, values)
 
 
 def _suppress_early_stops(logits: torch.Tensor, info: SamplingBatchInfo) -> None:

@@ -62,6 +62,7 @@ class SamplingBatchInfo:
     min_tokens_left: list[int] = field(default_factory=list)
     min_tokens_stop_ids: list[list[int]] = field(default_factory=list)
     vocab_mask: torch.Tensor | None = None  # int32 [B, W] on the CPU; filled by grammar matchers
+    logit_biases: list[dict[int, float] | None] = field(default_factory=list)  # per row, sparse
     penalties: PenaltyState | None = None
     # Fast-path flags, derived in __post_init__.
     is_all_greedy: bool = field(init=False)
@@ -103,7 +104,8 @@ class SamplingBatchInfo:
         """
         device = torch.device(device)
         f32 = lambda xs: torch.tensor(xs, dtype=torch.float32, device=device)  # noqa: E731
-        greedy = [p.temperature == 0.0 or p.top_k == 1 for p in params]
+        # is_greedy also covers a tiny positive temperature that normalize() did not see.
+        greedy = [p.is_greedy for p in params]
         top_ks = [vocab_size if (p.top_k is None or p.top_k < 0) else min(p.top_k, vocab_size) for p in params]
         grammar_rows = list(has_grammar) if has_grammar is not None else [p.grammar is not None for p in params]
         penalties = None
@@ -135,6 +137,7 @@ class SamplingBatchInfo:
                 sorted(set(p.stop_token_ids or []) | (set() if p.ignore_eos else set(eos_token_ids))) for p in params
             ],
             vocab_mask=_allocate_mask(len(params), vocab_size, device) if any(grammar_rows) else None,
+            logit_biases=[p.logit_bias or None for p in params],
             penalties=penalties,
         )
 
