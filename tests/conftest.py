@@ -28,6 +28,11 @@ from types import ModuleType
 import pytest
 from hypothesis import settings
 
+# Every Engine a test starts compiles its grammars afresh: the on-disk store of compiled grammars
+# (grammar/disk_cache.py) would carry verdicts over from an earlier run of another version.
+# The store's own tests pass a directory explicitly.
+os.environ.setdefault("FORMCAST_GRAMMAR_CACHE", "off")
+
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if os.environ.get("PYTEST_XDIST_WORKER") and _WORKERS > 1:
     # Before anything imports torch or numba: two workers with a full pool each oversubscribe.
