@@ -2,7 +2,7 @@
 entry point (the Engine's scheduler, the server, the CLI and the ``transformers`` processor).
 
 * ``json_schema`` (object, JSON text or boolean; ``json_schema_strict`` selects the strict
-  properties style), ``regex`` (full match), ``ebnf`` (XGrammar/GBNF dialect), ``structural_tag``
+  properties style, ``json_whitespace`` the layout: any / compact / pretty), ``regex`` (full match), ``ebnf`` (XGrammar/GBNF dialect), ``structural_tag``
   (SGLang's ``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}``).
 * ``submit`` compiles on a small worker pool and returns a future; concurrent requests for the
   same constraint share one compile, and the outcome (grammar or error) is kept in an LRU, so a
@@ -24,7 +24,7 @@ from typing import Any, Callable
 import grammar
 from grammar import CompileBudget, GrammarError, TokenVocabulary
 
-from ..sampling_params import SamplingParams
+from ..sampling_params import JSON_WHITESPACE, SamplingParams
 
 # Outcomes kept (compiled grammars also sit in grammar's own cache, which bounds their memory).
 OUTCOME_CACHE_SIZE = 512
@@ -61,7 +61,8 @@ class GrammarBackend:
         if not isinstance(source, str):
             source = json.dumps(source)  # key order matters for JSON schemas: never sort
         strict = params.json_schema_strict if kind == "json_schema" else False
-        return kind, source, strict, params.grammar_compile_timeout
+        whitespace = params.json_whitespace if kind == "json_schema" else "any"
+        return kind, source, strict, params.grammar_compile_timeout, whitespace
 
     def submit(self, params: SamplingParams) -> Future | None:
         """A future of the compiled grammar (its exception is an ``InvalidGrammar``)."""
@@ -98,10 +99,10 @@ class GrammarBackend:
         return budget
 
     def _compile_key(self, key: tuple) -> grammar.CompiledGrammar:
-        kind, source, strict, timeout = key
+        kind, source, strict, timeout, whitespace = key
         start = time.perf_counter()
         try:
-            return self._compile(kind, source, strict, self.budget_for(timeout))
+            return self._compile(kind, source, strict, self.budget_for(timeout), whitespace)
         except GrammarError as exc:
             self.stats["errors"] += 1
             if isinstance(exc, InvalidGrammar):
@@ -114,7 +115,7 @@ class GrammarBackend:
             for observe in self.compile_observers:
                 observe(kind, time.perf_counter() - start)
 
-    def _compile(self, kind: str, source: str, strict: bool, budget: CompileBudget) -> grammar.CompiledGrammar:
+    def _compile(self, kind: str, source: str, strict: bool, budget: CompileBudget, whitespace: str = "any") -> grammar.CompiledGrammar:
         vocab = self.vocab
         if kind == "regex":
             return grammar.compile_regex(source, vocab, budget=budget)
@@ -122,7 +123,8 @@ class GrammarBackend:
             return grammar.compile_ebnf(source, vocab, budget=budget)
         if kind == "json_schema":
             schema = _parse_json(kind, source)
-            return grammar.compile_json_schema(schema, vocab, strict_properties=strict, budget=budget)
+            layout = JSON_WHITESPACE[whitespace]
+            return grammar.compile_json_schema(schema, vocab, whitespace=layout, strict_properties=strict, budget=budget)
         if kind == "structural_tag":
             tags, triggers = _structural_tag(_parse_json(kind, source))
             return grammar.compile_structural_tag(tags, triggers, vocab, budget=budget)
