@@ -4,7 +4,7 @@
     python bench/spec_bench.py [--drafters none,ngram,grammar,ngram+grammar,draft_model]
                                [--workloads extraction,nested,tool_call,free_text] [--batches 1,8]
                                [--whitespace any,compact,pretty] [--dtypes float32,bfloat16]
-                               [--requests N] [--draft-layers 8] [--threads N]
+                               [--requests N] [--max-new-tokens N] [--draft-layers 8] [--threads N]
 
 Every drafter runs the same greedy requests on the same weights in one run (greedy, so outputs
 must be identical to ``none`` of the same dtype and whitespace mode; the script checks it). For
@@ -141,6 +141,7 @@ def main() -> None:
     ap.add_argument("--whitespace", default="any,compact,pretty", help="json_whitespace modes for the JSON workloads")
     ap.add_argument("--dtypes", "--dtype", default="float32", help="comma-separated: float32, bfloat16, float16")
     ap.add_argument("--requests", type=int, default=len(PEOPLE), help="requests per workload (at most 8)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="override each workload's limit (short runs)")
     ap.add_argument("--draft-layers", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
@@ -159,6 +160,8 @@ def main() -> None:
                 for name in args.workloads.split(","):
                     prompts, params = workload(name, engine)
                     prompts, params = prompts[: args.requests], params[: args.requests]
+                    if args.max_new_tokens:
+                        params = [dict(p, max_new_tokens=args.max_new_tokens) for p in params]
                     modes = args.whitespace.split(",") if "json_schema" in params[0] else ["-"]
                     for mode in modes:
                         mode_params = [dict(p, json_whitespace=mode) for p in params] if mode != "-" else params
