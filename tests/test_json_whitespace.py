@@ -51,3 +51,14 @@ def test_modes_are_cached_apart(backend):
 def test_separators_are_forced_text(backend, mode, forced):
     m = GrammarMatcher(backend.compile(SamplingParams(json_schema=SCHEMA, json_whitespace=mode)))
     assert m.forced_continuation() == forced
+
+
+def test_cli_maps_json_whitespace():
+    from engine.entrypoints import cli
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["generate", "--json-schema", '{"type": "object"}', "--prompt", "p", "--json-whitespace", "pretty"])
+    assert cli._sampling(args)["json_whitespace"] == "pretty"
+    assert "json_whitespace" not in cli._sampling(parser.parse_args(["generate", "--regex", "a", "--prompt", "p"]))
+    with pytest.raises(SystemExit):  # argparse refuses other values
+        parser.parse_args(["generate", "--json-schema", "{}", "--prompt", "p", "--json-whitespace", "tabs"])
