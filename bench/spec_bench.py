@@ -1,15 +1,19 @@
-"""Benchmark: speculative decoding per drafter, on extraction, tool calls and free text.
+"""Benchmark: speculative decoding per drafter, JSON whitespace mode and dtype, on extraction
+(flat and nested schemas), tool calls and free text.
 
     python bench/spec_bench.py [--drafters none,ngram,grammar,ngram+grammar,draft_model]
-                               [--workloads extraction,tool_call,free_text] [--batches 1,8]
-                               [--draft-layers 8] [--threads N] [--dtype float32]
+                               [--workloads extraction,nested,tool_call,free_text] [--batches 1,8]
+                               [--whitespace any,compact,pretty] [--dtypes float32,bfloat16]
+                               [--requests N] [--max-new-tokens N] [--draft-layers 8] [--threads N]
 
 Every drafter runs the same greedy requests on the same weights in one run (greedy, so outputs
-must be identical to ``none``; the script checks it). For each workload, drafter and batch size:
-output tokens/s, target forwards per output token (jump-forward tokens count as output), the
-acceptance rate (accepted / drafted tokens), and the mean accepted length per verification.
-Batch 1 runs the requests one after another; batch 8 submits them together. Not collected by
-pytest.
+must be identical to ``none`` of the same dtype and whitespace mode; the script checks it). For
+each dtype, workload, whitespace mode (``SamplingParams.json_whitespace``; free text has none),
+drafter and batch size: output tokens/s, the speed-up over ``none`` measured in the same run,
+output tokens per target forward (jump-forward tokens count as output), the acceptance rate
+(accepted / drafted free tokens), the mean accepted length per verification, and whether the
+outputs equal ``none``'s. Batch 1 runs the requests one after another; batch 8 submits them
+together. Not collected by pytest.
 """
 
 from __future__ import annotations
@@ -58,6 +62,31 @@ TOOL_SCHEMA = {
 }  # fmt: skip
 
 
+INVOICE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "customer": {"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"}, "email": {"type": "string"}},
+                     "required": ["name", "city", "email"], "additionalProperties": False},
+        "date": {"type": "string", "format": "date"},
+        "items": {"type": "array", "minItems": 1, "maxItems": 4, "items": {
+            "type": "object", "properties": {"product": {"type": "string"}, "quantity": {"type": "integer"}, "price": {"type": "number"}},
+            "required": ["product", "quantity", "price"], "additionalProperties": False}},
+        "total": {"type": "number"},
+    },
+    "required": ["customer", "date", "items", "total"],
+    "additionalProperties": False,
+}  # fmt: skip
+PRODUCTS = [("desk lamp", 2, 24.5), ("office chair", 1, 189.0), ("notebook", 10, 3.25), ("monitor arm", 1, 74.99)]
+
+
+def _invoice(i: int, p: tuple) -> str:
+    name, company, city, email, joined, age = p
+    items = [PRODUCTS[(i + j) % len(PRODUCTS)] for j in range(2 + i % 2)]
+    lines = "; ".join(f"{q} x {prod} at {price} EUR" for prod, q, price in items)
+    total = round(sum(q * price for _, q, price in items), 2)
+    return f"Invoice of {joined} for {name}, {city} ({email}). Items: {lines}. Total due: {total} EUR."
+
+
 def _doc(p: tuple) -> str:
     name, company, city, email, joined, age = p
     return (f"{name} ({age}) works at {company} in {city}. {name.split()[0]} joined {company} on {joined} "
@@ -69,6 +98,10 @@ def workload(name: str, engine: Engine) -> tuple[list[list[int]], list[dict]]:
     if name == "extraction":
         prompts = [chat(f"Document: {_doc(p)}\nExtract the person as JSON with keys name, company, city, email, joined, age.") for p in PEOPLE]
         params = {"temperature": 0.0, "max_new_tokens": 120, "json_schema": EXTRACT_SCHEMA}
+    elif name == "nested":
+        prompts = [chat(f"Document: {_invoice(i, p)}\nExtract the invoice as JSON: customer (name, city, email), date, "
+                        f"items (product, quantity, price) and total.") for i, p in enumerate(PEOPLE)]  # fmt: skip
+        params = {"temperature": 0.0, "max_new_tokens": 200, "json_schema": INVOICE_SCHEMA}
     elif name == "tool_call":
         prompts = [chat(f"Email {p[3]} with subject 'Welcome to {p[1]}' and a short welcome note for {p[0]}. "
                         f"Call the tool send_email with arguments to, subject and body, as JSON.") for p in PEOPLE]  # fmt: skip
@@ -103,40 +136,59 @@ def run(engine: Engine, prompts: list[list[int]], params: list[dict], batch: int
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafters", default="none,ngram,grammar,ngram+grammar,draft_model")
-    ap.add_argument("--workloads", default="extraction,tool_call,free_text")
+    ap.add_argument("--workloads", default="extraction,nested,tool_call,free_text")
     ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--whitespace", default="any,compact,pretty", help="json_whitespace modes for the JSON workloads")
+    ap.add_argument("--dtypes", "--dtype", default="float32", help="comma-separated: float32, bfloat16, float16")
+    ap.add_argument("--requests", type=int, default=len(PEOPLE), help="requests per workload (at most 8)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="override each workload's limit (short runs)")
     ap.add_argument("--draft-layers", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
     drafters = args.drafters.split(",")
-    workloads = args.workloads.split(",")
+    if drafters[0] != "none":
+        drafters.insert(0, "none")  # the speed-up and identity columns need it, in the same run
     batches = [int(b) for b in args.batches.split(",")]
     rows, reference = [], {}
-    for drafter in drafters:
-        options = dict(dtype=args.dtype, max_total_tokens=20_000, num_threads=args.threads, speculative_algorithm=drafter)
-        if drafter.startswith("draft_model"):
-            options["speculative_draft_num_layers"] = args.draft_layers
-        with Engine(**options) as engine:
-            engine.generate("warm up", {"max_new_tokens": 2})
-            for name in workloads:
-                prompts, params = workload(name, engine)
-                for batch in batches:
-                    r = run(engine, prompts, params, batch)
-                    ids = [o["output_ids"] for o in r.pop("outs")]
-                    same = reference.setdefault((name, batch), ids) == ids
-                    rows.append((name, batch, drafter, r, same))
-                    print(json.dumps({"workload": name, "batch": batch, "drafter": drafter, "same_as_none": same, **r}), flush=True)
-    base = {(n, b): r for n, b, d, r, _ in rows if d == "none"}
-    print("\n| workload | batch | drafter | output tok/s | speed-up vs none | forwards / output token | output tokens / forward | acceptance rate | mean accepted per verify | jump-forward share | identical to none |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    for name, batch, drafter, r, same in rows:
+    for dtype in args.dtypes.split(","):
+        for drafter in drafters:
+            options = dict(dtype=dtype, max_total_tokens=20_000, num_threads=args.threads, speculative_algorithm=drafter)
+            if drafter.startswith("draft_model"):
+                options["speculative_draft_num_layers"] = args.draft_layers
+            with Engine(**options) as engine:
+                engine.generate("warm up", {"max_new_tokens": 2})
+                for name in args.workloads.split(","):
+                    prompts, params = workload(name, engine)
+                    prompts, params = prompts[: args.requests], params[: args.requests]
+                    if args.max_new_tokens:
+                        params = [dict(p, max_new_tokens=args.max_new_tokens) for p in params]
+                    modes = args.whitespace.split(",") if "json_schema" in params[0] else ["-"]
+                    for mode in modes:
+                        mode_params = [dict(p, json_whitespace=mode) for p in params] if mode != "-" else params
+                        for batch in batches:
+                            r = run(engine, prompts, mode_params, batch)
+                            ids = [o["output_ids"] for o in r.pop("outs")]
+                            key = (dtype, name, mode, batch)
+                            same = reference.setdefault(key, ids) == ids
+                            rows.append((key, drafter, r, same))
+                            print(json.dumps({"dtype": dtype, "workload": name, "whitespace": mode, "batch": batch, "drafter": drafter,
+                                              "same_as_none": same, **r}), flush=True)  # fmt: skip
+    _table(rows)
+
+
+def _table(rows: list) -> None:
+    base = {key: r for key, d, r, _ in rows if d == "none"}
+    print("\n| dtype | workload | whitespace | batch | drafter | output tok/s | speed-up vs none | output tokens / forward "
+          "| acceptance rate | mean accepted per verify | jump-forward share | identical to none |")  # fmt: skip
+    print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
+    for key, drafter, r, same in rows:
+        dtype, name, mode, batch = key
         tps = r["tokens"] / r["wall"]
-        ref = base.get((name, batch))
+        ref = base.get(key)
         speed = f"{tps / (ref['tokens'] / ref['wall']):.2f}x" if ref else ""
         acc = f"{r['accepted'] / r['drafted']:.0%}" if r.get("drafted") else ""
         mean = f"{r['accepted'] / r['steps']:.2f}" if r.get("steps") else ""
-        print(f"| {name} | {batch} | {drafter} | {tps:.1f} | {speed} | {r['forwards'] / r['tokens']:.2f} | {r['tokens'] / r['forwards']:.2f} "
+        print(f"| {dtype} | {name} | {mode} | {batch} | {drafter} | {tps:.1f} | {speed} | {r['tokens'] / r['forwards']:.2f} "
               f"| {acc} | {mean} | {r['jump'] / r['tokens']:.0%} | {'yes' if same else 'NO'} |")
 
 

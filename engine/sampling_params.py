@@ -28,9 +28,11 @@ from typing import Any, Literal
 
 from .errors import InvalidSamplingParams  # defined with the other field errors; imported from here too
 
-__all__ = ["InvalidSamplingParams", "SamplingParams", "GRAMMAR_FIELDS", "MIN_TEMPERATURE"]
+__all__ = ["InvalidSamplingParams", "SamplingParams", "GRAMMAR_FIELDS", "MIN_TEMPERATURE", "JSON_WHITESPACE"]
 
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+# json_whitespace -> the JSON grammar's layout (grammar.compile_json_schema's ``whitespace``).
+JSON_WHITESPACE = {"any": "flexible", "compact": "compact", "pretty": 2}
 _MAX_SEED = 2**63 - 1
 # Below this, a positive temperature is greedy: logits / T stays finite in float32 down to about
 # 1e-37, but far above that the softmax is already a point mass on the argmax.
@@ -68,6 +70,11 @@ class SamplingParams:
     # "format" is asserted ("assert", the default: right for generation) or an annotation.
     json_schema_draft: str | None = None
     json_schema_formats: str = "assert"
+    # Whitespace a json_schema output may hold: "any" (the grammar's bounded flexible whitespace),
+    # "compact" (none: {"a":1,"b":[2]}) or "pretty" (exactly json.dumps(indent=2)). With
+    # "compact" / "pretty" every separator is forced text: jump-forward and speculative drafts
+    # append it without the model choosing among spaces and newlines.
+    json_whitespace: Literal["any", "compact", "pretty"] = "any"
     regex: str | None = None
     ebnf: str | None = None
     structural_tag: str | dict[str, Any] | None = None
@@ -195,6 +202,11 @@ class SamplingParams:
                 raise InvalidSamplingParams(name, f"must be a string, got {type(value).__name__}")
         if self.structural_tag is not None and not isinstance(self.structural_tag, (str, dict)):
             raise InvalidSamplingParams("structural_tag", "must be a JSON string or an object")
+        if not isinstance(self.json_whitespace, str) or self.json_whitespace not in JSON_WHITESPACE:
+            raise InvalidSamplingParams("json_whitespace", f"must be one of {', '.join(map(repr, JSON_WHITESPACE))}, got {self.json_whitespace!r}")
+        if self.json_whitespace != "any" and self.json_schema is None:
+            kind = given[0] if given else "no constraint"
+            raise InvalidSamplingParams("json_whitespace", f"applies to json_schema only, got {self.json_whitespace!r} with {kind}")
         if self.grammar_compile_timeout is not None:
             _check_number("grammar_compile_timeout", self.grammar_compile_timeout, lo=0.0, lo_open=True, desc="> 0 seconds")
 

@@ -49,6 +49,10 @@ def test_defaults_verify_and_are_not_greedy() -> None:
         ({"logprobs_mode": "final"}, "logprobs_mode"),
         ({"sampling_seed": -1}, "sampling_seed"),
         ({"sampling_seed": 2**64}, "sampling_seed"),
+        ({"json_schema": {"type": "object"}, "json_whitespace": "tabs"}, "json_whitespace"),
+        ({"json_schema": {"type": "object"}, "json_whitespace": 2}, "json_whitespace"),
+        ({"regex": "a+", "json_whitespace": "compact"}, "json_whitespace"),
+        ({"json_whitespace": "pretty"}, "json_whitespace"),
     ],
 )
 def test_verify_names_the_bad_field(kwargs: dict, field: str) -> None:
@@ -75,6 +79,8 @@ _NORMALIZED_DEFAULTS = {"stop": [], "stop_token_ids": [], "top_k": -1, "stop_str
         ({"json_schema": True}, {"grammar": ("json_schema", True)}),
         ({"structural_tag": '{"structures": []}'}, {"grammar": ("structural_tag", '{"structures": []}')}),
         ({"sampling_seed": 0}, {}),
+        ({"json_schema": True, "json_whitespace": "compact"}, {"grammar": ("json_schema", True)}),
+        ({"json_schema": {}, "json_whitespace": "pretty"}, {"grammar": ("json_schema", {})}),
     ],
 )
 def test_boundary_values_are_accepted(kwargs: dict, derived: dict) -> None:

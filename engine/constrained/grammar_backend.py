@@ -3,7 +3,8 @@ entry point (the Engine's scheduler, the server, the CLI and the ``transformers`
 
 * ``json_schema`` (object, JSON text or boolean; ``json_schema_strict`` selects the strict
   properties style, ``json_schema_draft`` the draft of a schema without ``$schema``,
-  ``json_schema_formats`` whether ``format`` is asserted), ``regex`` (full match), ``ebnf`` (XGrammar/GBNF dialect), ``structural_tag``
+  ``json_schema_formats`` whether ``format`` is asserted,
+  ``json_whitespace`` the layout: any / compact / pretty), ``regex`` (full match), ``ebnf`` (XGrammar/GBNF dialect), ``structural_tag``
   (SGLang's ``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}``).
 * The request's constraint becomes one ``grammar.Constraint`` (``constraint_of``), the key of
   every cache. ``submit`` compiles on a small worker pool and returns a future; concurrent
@@ -33,7 +34,7 @@ from grammar.compile_worker import CompilePool
 from grammar.disk_cache import DiskCache
 
 from ..errors import CompileTimeout, InvalidGrammar  # defined with the other field errors; imported from here too
-from ..sampling_params import SamplingParams
+from ..sampling_params import JSON_WHITESPACE, SamplingParams
 
 # Outcomes kept (compiled grammars also sit in grammar's own cache, which bounds their memory).
 OUTCOME_CACHE_SIZE = 512
@@ -186,6 +187,7 @@ def constraint_of(params: SamplingParams) -> Constraint | None:
                 strict_properties=params.json_schema_strict,
                 draft=params.json_schema_draft,
                 formats=params.json_schema_formats,
+                whitespace=JSON_WHITESPACE[params.json_whitespace],
             )
         if kind == "structural_tag":
             tags, triggers = _structural_tag(_parse_json(kind, source) if isinstance(source, str) else source)

@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--prompt", help="the user message")
     source.add_argument("--batch", metavar="FILE.jsonl", help="one JSON object per line with a 'prompt'")
     gen.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
+    gen.add_argument("--json-whitespace", choices=("any", "compact", "pretty"), default="any", help="JSON layout of --json-schema output: any (default; bounded free whitespace), compact (none) or pretty (indent 2); compact and pretty make separators forced text (faster)")
     gen.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder or a .gguf file (default: embedded SmolLM2-135M-Instruct)")
     gen.add_argument("--dtype", default="auto", help="auto (default), float32, bfloat16 or float16")
     gen.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 (default) means greedy")
@@ -122,6 +123,7 @@ def _add_extract_parser(sub: Any) -> None:
     ext.add_argument("--id-field", default="id", help="the record field holding its id (default: id; absent: the line number)")
     ext.add_argument("--no-chat", action="store_true", help="use the prompt as raw text, without the chat template")
     ext.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
+    ext.add_argument("--json-whitespace", choices=("any", "compact", "pretty"), default="any", help="JSON layout of --json-schema output: any (default; bounded free whitespace), compact (none) or pretty (indent 2); compact and pretty make separators forced text (faster)")
     ext.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 (default) means greedy")
     ext.add_argument("--top-p", type=float, default=1.0, metavar="P")
     ext.add_argument("--top-k", type=int, default=-1, metavar="K")
@@ -159,6 +161,8 @@ def cmd_extract(args: argparse.Namespace) -> int:
         sampling["top_k"] = args.top_k
     if args.seed is not None:
         sampling["sampling_seed"] = args.seed
+    if args.json_whitespace != "any":
+        sampling["json_whitespace"] = args.json_whitespace
     spec = ExtractSpec(_constraint(args), _file_or_text(args.prompt_template), args.field, args.id_field, not args.no_chat, sampling)
     options = _engine_options(args)
     ray_options = RayOptions(args.ray_address, args.num_workers, args.batch_size, args.cpus_per_worker) if args.ray else None
@@ -287,6 +291,8 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
         params["top_k"] = args.top_k
     if args.seed is not None:
         params["sampling_seed"] = args.seed
+    if args.json_whitespace != "any":
+        params["json_whitespace"] = args.json_whitespace
     return {**params, **_constraint(args)}
 
 

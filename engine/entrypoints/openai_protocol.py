@@ -165,6 +165,7 @@ class _SamplingExtensions(_Request):
     # whether ``format`` is asserted ("assert", the default) or an annotation ("annotate").
     json_schema_draft: str | None = None
     json_schema_formats: str | None = None
+    json_whitespace: str | None = None  # "any" (default), "compact" or "pretty" (indent 2)
     structural_tag: dict[str, Any] | str | None = None
     return_routed_experts: bool | None = None  # MoE models: the experts chosen per output token
     return_routed_expert_weights: bool | None = None

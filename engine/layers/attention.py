@@ -5,12 +5,26 @@ row attends over its own tokens, read from the pool through ``req_to_token``. Th
 layout work (which slots each row reads, which rows share a padded block) is done once in
 ``init_forward_metadata`` and reused by all layers.
 
-* Decode rows (one new token) are grouped by length: rows whose lengths are close share one
-  ``scaled_dot_product_attention`` call over a padded block, and a new group starts before the
-  padding would exceed ``MAX_PADDING_SHARE`` of the group's real tokens. A batch of mixed lengths
-  thus costs about its real tokens, not rows x the longest.
+* Decode rows (one new token) on the SDPA path share one ``scaled_dot_product_attention`` call
+  per group of equal length (no padding: see batch invariance below). ``group_decode_rows``
+  (``batch_invariant=False``) groups close lengths instead, a new group starting before the
+  padding would exceed ``MAX_PADDING_SHARE`` of the group's real tokens.
 * Extend rows (prefill, a suffix after a cached prefix, jump-forward tokens, speculative drafts)
   run one causal SDPA each, the mask aligned to the row's last key (queries sit at the end).
+
+Batch invariance (what greedy speculation needs to be token-identical): a token's attention must
+not depend on how many other tokens share its forward. A speculative verification scores k+1
+positions of a row at once where plain decoding scores them one forward each; jump-forward
+appends a few tokens at once where speculation verifies them among drafts. So every query of a
+short extend row after a cached prefix (at most ``MAX_DECODE_LIKE_QUERIES`` tokens) is attended
+as its own decode query (over the keys up to itself), through the same kernel as decode rows. On
+the CPU the paged kernel computes each query alone, so those numbers are bit-identical to plain
+decoding's (measured: bfloat16 SmolLM2 logits differed by up to 0.44 between a 5-token
+verification and 5 decode steps through causal SDPA; now equal; float16 through the SDPA path,
+equal once groups stopped padding). Prefill rows keep causal SDPA. The linear layers are row-
+invariant while a forward multiplies at most ``cpu_linear.MAX_ROWS_F32`` rows (the compiled
+loop); beyond that torch's GEMM may round a row differently, so bit-identity across forward
+shapes holds for forwards of at most that many tokens (what the tests check).
 
 A layer may attend within a sliding window (``forward(..., window=w)``: a query at position p sees
 the keys at p - w + 1 .. p, as transformers' sliding layers do), scale queries by other than
@@ -45,6 +59,9 @@ from ..forward.forward_batch import ForwardBatch
 
 MAX_PADDING_SHARE = 0.3
 MAX_DECODE_GROUPS = 8
+# Extend rows after a cached prefix with at most this many tokens attend query by query, as
+# decode rows do (see the module docstring: batch invariance).
+MAX_DECODE_LIKE_QUERIES = 64
 
 
 @dataclass
@@ -102,12 +119,52 @@ def group_decode_rows(lengths: list[int]) -> list[list[int]]:
     return groups
 
 
+def equal_length_groups(lengths: list[int]) -> list[list[int]]:
+    """Rows (indices into ``lengths``) grouped by equal length: no padding."""
+    groups: dict[int, list[int]] = {}
+    for r, n in enumerate(lengths):
+        groups.setdefault(n, []).append(r)
+    return list(groups.values())
+
+
+@dataclass
+class DecodeQuery:
+    """One query token attended like a decode row: over the first ``kv_len`` slots of its row
+    (the last ``window`` of them in a sliding-window layer)."""
+
+    token: int  # position among the flat tokens
+    slot: int  # the row's req_to_token index
+    kv_len: int
+
+
+def _queries_decode_like(batch: ForwardBatch, r: int) -> bool:
+    """Row ``r``'s queries are attended one by one, as decode rows: a decode row, or a short
+    extend after a cached prefix (speculative verification, jump-forward's tokens)."""
+    n = batch.extend_seq_lens_cpu[r]
+    return n == 1 or (batch.extend_prefix_lens_cpu[r] > 0 and n <= MAX_DECODE_LIKE_QUERIES)
+
+
+def decode_queries(batch: ForwardBatch) -> list[DecodeQuery]:
+    """Every query token attended as a decode row, in flat-token order."""
+    out = []
+    for r in range(batch.batch_size):
+        if not _queries_decode_like(batch, r):
+            continue
+        start, n, seq = batch.extend_start_loc_cpu[r], batch.extend_seq_lens_cpu[r], batch.seq_lens_cpu[r]
+        slot = int(batch.req_pool_indices[r])
+        out += [DecodeQuery(start + j, slot, seq - n + j + 1) for j in range(n)]
+    return out
+
+
 class TorchAttention:
     """The attention backend: SDPA over gathered K/V, and a paged decode kernel where one applies
     (``use_paged_kernel``; default: numba on a float32 CPU pool, Triton on CUDA)."""
 
-    def __init__(self, use_paged_kernel: bool | None = None) -> None:
+    def __init__(self, use_paged_kernel: bool | None = None, batch_invariant: bool = True) -> None:
         self.use_paged_kernel = use_paged_kernel
+        # SDPA over a padded block rounds differently from SDPA over the real keys (measured in
+        # float16), so the invariant reference path groups only queries of equal length.
+        self.batch_invariant = batch_invariant
 
     def _paged_kernel(self, batch: ForwardBatch) -> str | None:
         if self.use_paged_kernel is False:
@@ -123,16 +180,16 @@ class TorchAttention:
         """The layout of ``batch`` for layers attending within ``window`` keys (None: all);
         ``paged=False`` keeps decode rows off the paged kernel (soft-capped layers)."""
         table = batch.req_to_token_pool.req_to_token
-        decode = [r for r in range(batch.batch_size) if batch.extend_seq_lens_cpu[r] == 1]
-        kernel = self._paged_kernel(batch) if decode and paged else None
+        queries = decode_queries(batch)
+        kernel = self._paged_kernel(batch) if queries and paged else None
+        extend = self._extend_rows(batch, table, window)
         if kernel is not None:
-            return AttentionMetadata(
-                [], self._extend_rows(batch, table, window), self._paged_decode(batch, table, decode, kernel, window)
-            )
+            return AttentionMetadata([], extend, self._paged_decode(batch, table, queries, kernel, window))
         groups = []
-        for rows in group_decode_rows([_visible(batch.seq_lens_cpu[r], window)[1] for r in decode]):
-            groups.append(self._decode_group(batch, table, [decode[i] for i in rows], window))
-        return AttentionMetadata(groups, self._extend_rows(batch, table, window))
+        lengths = [_visible(q.kv_len, window)[1] for q in queries]
+        for members in equal_length_groups(lengths) if self.batch_invariant else group_decode_rows(lengths):
+            groups.append(self._decode_group(table, [queries[i] for i in members], window))
+        return AttentionMetadata(groups, extend)
 
     def _metadata(self, batch: ForwardBatch, window: int | None, softcap: float | None) -> AttentionMetadata:
         meta: AttentionMetadata = batch.attn_metadata
@@ -145,17 +202,19 @@ class TorchAttention:
         return found
 
     @staticmethod
-    def _paged_decode(batch: ForwardBatch, table: torch.Tensor, rows: list[int], kernel: str, window: int | None = None) -> PagedDecode:
+    def _paged_decode(
+        batch: ForwardBatch, table: torch.Tensor, queries: list[DecodeQuery], kernel: str, window: int | None = None
+    ) -> PagedDecode:
         device = table.device
-        spans = [_visible(batch.seq_lens_cpu[r], window) for r in rows]
+        spans = [_visible(q.kv_len, window) for q in queries]
         lens = [n for _, n in spans]
-        slots = torch.cat([table[int(batch.req_pool_indices[r]), lo : lo + n] for r, (lo, n) in zip(rows, spans)])
-        starts = [0] * len(rows)
-        for i in range(1, len(rows)):
+        slots = torch.cat([table[q.slot, lo : lo + n] for q, (lo, n) in zip(queries, spans)])
+        starts = [0] * len(queries)
+        for i in range(1, len(queries)):
             starts[i] = starts[i - 1] + lens[i - 1]
         long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
-        all_rows = len(rows) == batch.num_tokens
-        token_index = None if all_rows else long([batch.extend_start_loc_cpu[r] for r in rows])
+        all_tokens = len(queries) == batch.num_tokens
+        token_index = None if all_tokens else long([q.token for q in queries])
         return PagedDecode(kernel, token_index, slots, long(starts), long(lens), max(lens))
 
     @staticmethod
@@ -163,7 +222,7 @@ class TorchAttention:
         extend = []
         for r in range(batch.batch_size):
             n = batch.extend_seq_lens_cpu[r]
-            if n == 1:
+            if _queries_decode_like(batch, r):
                 continue
             seq = batch.seq_lens_cpu[r]
             # keys from the first one the earliest query sees
@@ -180,18 +239,19 @@ class TorchAttention:
         return extend
 
     @staticmethod
-    def _decode_group(batch: ForwardBatch, table: torch.Tensor, rows: list[int], window: int | None = None) -> DecodeGroup:
+    def _decode_group(table: torch.Tensor, queries: list[DecodeQuery], window: int | None = None) -> DecodeGroup:
         device = table.device
-        spans = [_visible(batch.seq_lens_cpu[r], window) for r in rows]
+        spans = [_visible(q.kv_len, window) for q in queries]
         lens = [n for _, n in spans]
         longest = max(lens)
-        token_index = torch.tensor([batch.extend_start_loc_cpu[r] for r in rows], dtype=torch.int64, device=device)
+        token_index = torch.tensor([q.token for q in queries], dtype=torch.int64, device=device)
+        rows = torch.tensor([q.slot for q in queries], dtype=torch.int64, device=device)
         if any(lo for lo, _ in spans):
             cols = torch.tensor([lo for lo, _ in spans], device=device).unsqueeze(1) + torch.arange(longest, device=device)
             cols = cols.clamp(max=table.shape[1] - 1)
-            slots = table[batch.req_pool_indices[rows].unsqueeze(1), cols]
+            slots = table[rows.unsqueeze(1), cols]
         else:
-            slots = table[batch.req_pool_indices[rows], :longest]
+            slots = table[rows, :longest]
         mask = None
         if min(lens) != longest:
             real = torch.arange(longest, device=device).unsqueeze(0) < torch.tensor(lens, device=device).unsqueeze(1)
@@ -256,7 +316,7 @@ class TorchAttention:
 
 
 def _visible(seq_len: int, window: int | None) -> tuple[int, int]:
-    """(first key, number of keys) a decode query at position seq_len - 1 attends to."""
+    """(first key, number of keys) a query at position seq_len - 1 attends to."""
     if window is None or seq_len <= window:
         return 0, seq_len
     return seq_len - window, window

@@ -3,12 +3,13 @@
 One pipeline, in a fixed order (mask first: every later step sees only allowed tokens):
   raw logprobs (if asked) -> logit_bias -> grammar bitmask -> min_new_tokens (stop ids masked)
   -> rows with no allowed token are set aside
-  -> penalties -> greedy argmax | temperature -> softmax -> top-k -> top-p -> min-p -> draw.
+  -> penalties -> greedy (``ties.greedy_tokens``) | temperature -> softmax -> top-k -> top-p -> min-p -> draw.
 
 Truncation semantics (as Hugging Face's warpers and vLLM): top-k keeps the k most likely tokens;
 top-p then keeps the smallest prefix (by descending probability) of the *renormalized* top-k
 distribution whose mass reaches ``top_p``; min-p keeps tokens with ``p >= min_p * p_max``. The
-token is drawn from the survivors, renormalized.
+token is drawn from the survivors, renormalized. Ties (greedy, and cut-offs inside a run of
+equal probabilities) follow ``ties.py``: the lowest token id first.
 
 Drawing: inverse-CDF with one uniform per row. Seeded rows take their uniform from their own
 generator, so a seeded request yields the same tokens whatever else is in the batch; every
@@ -29,6 +30,7 @@ from kernels.bitmask_torch import clear_workspaces
 
 from .logprobs import gather_logprobs, truncated_log_softmax
 from .sampling_batch_info import SamplingBatchInfo
+from .ties import descending, greedy_tokens
 
 CACHES.on_clear(clear_workspaces)  # the mask kernels' buffers go with the grammar caches
 
@@ -75,7 +77,7 @@ class Sampler:
         """The distribution each row would sample from, for speculative verification: the same
         pipeline as ``sample`` up to the draw. Greedy rows are a point mass on the argmax."""
         logits, raw, dead = self._prepare(logits, info)
-        argmax = logits.argmax(dim=-1)
+        argmax = greedy_tokens(logits)
         if info.is_all_greedy:
             probs = torch.zeros_like(logits).scatter_(1, argmax.unsqueeze(1), 1.0)
             return TargetDistribution(probs, logits, None, raw, dead)
@@ -125,13 +127,13 @@ class Sampler:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token ids [B] and the kept-token mask [B, V'] used for processed logprobs (None = all)."""
         if info.is_all_greedy:
-            return logits.argmax(dim=-1), None
+            return greedy_tokens(logits), None
         probs = torch.softmax(logits / info.temperatures, dim=-1)
         uniforms = self._uniforms(info) if uniforms is None else uniforms
         sampled = ~info.greedy
         truncated = sampled & ((info.top_ks < info.vocab_size) | (info.top_ps < 1.0))
         plain = sampled & ~truncated
-        ids = logits.argmax(dim=-1) if bool(info.greedy.any()) else torch.zeros_like(info.top_ks)
+        ids = greedy_tokens(logits) if bool(info.greedy.any()) else torch.zeros_like(info.top_ks)
         keep = None
         if info.need_top_k or info.need_top_p or info.need_min_p:
             keep = torch.ones_like(probs, dtype=torch.bool)
@@ -241,10 +243,10 @@ def _sample_truncated(
     while rows.numel():
         sub = probs.index_select(0, rows)
         if cand < vocab:
-            vals, ords = sub.topk(cand, dim=-1, sorted=True)
+            vals, ords = descending(sub, cand)
             inside = limited[rows] | (vals.sum(dim=-1) >= top_ps[rows] * total[rows])
         else:
-            vals, ords = sub.sort(dim=-1, descending=True, stable=True)
+            vals, ords = descending(sub)
             inside = torch.ones_like(rows, dtype=torch.bool)
         done = rows[inside]
         vals, ords = vals[inside], ords[inside]

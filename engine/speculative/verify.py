@@ -11,7 +11,7 @@ temperature and top-k / top-p / min-p):
 
 Each emitted token is then distributed exactly as the target alone would have drawn it (the
 standard speculative sampling argument). Greedy requests have point-mass ``p``: the rule reduces
-to "accept while the draft is the argmax, then emit the argmax". Exactly ``k + 1`` uniforms are
+to "accept while the draft is the greedy token (``sampling.ties``: the lowest id at the maximum), then emit it". Exactly ``k + 1`` uniforms are
 drawn per request and step (``k`` acceptance tests, one final draw), from the request's own
 generator when it is seeded, so a seeded request is reproducible.
 """
