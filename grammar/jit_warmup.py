@@ -87,7 +87,7 @@ def start(groups: tuple[str, ...] = GROUPS) -> Warmup:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
                FORMCAST_NO_JIT_WARMUP="1")
     procs = [
-        subprocess.Popen([sys.executable, "-m", "grammar.jit_warmup", group], env=env, cwd=root,
+        subprocess.Popen([sys.executable, "-m", "grammar.jit_tasks", group], env=env, cwd=root,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for group in groups
     ]
@@ -111,29 +111,3 @@ def ensure_warm() -> None:
     _tried = True
     if not is_warm():
         warm_up_now(progress=lambda line: print(line, file=sys.stderr, flush=True))
-
-
-def _strings() -> None:
-    from . import char_dfa
-    from .json_schema import json_schema_to_grammar
-
-    char_dfa.load_kernels()
-    # The JSON schema front end's other kernel uses (string sets, key regions, formats).
-    json_schema_to_grammar(
-        {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5},
-                                          "b": {"type": "string", "format": "date-time"}},
-         "patternProperties": {"^x": {"type": "integer"}}, "propertyNames": {"maxLength": 8}}
-    )
-
-
-def _masks() -> None:
-    from .token_masks import VocabularyMasks, warm_up_masks
-    from .token_trie import TokenTrie
-    from .vocab import TokenVocabulary
-
-    vocab = TokenVocabulary.byte_level()
-    warm_up_masks(VocabularyMasks(vocab, TokenTrie.from_vocab(vocab)))  # every mask route once
-
-
-if __name__ == "__main__":
-    {"strings": _strings, "masks": _masks}[sys.argv[1]]()
