@@ -26,7 +26,7 @@ from typing import Callable
 
 _HERE = Path(__file__).resolve().parent
 # Modules holding numba kernels (a change to any of them invalidates the marker).
-KERNEL_MODULES = ("char_dfa.py", "determinizer.py", "regions.py", "token_walk.py", "token_masks.py", "automaton.py")
+KERNEL_MODULES = ("char_dfa.py", "char_dfa_kernels.py", "determinizer.py", "regions.py", "token_walk.py", "token_masks.py", "automaton.py")
 GROUPS = ("strings", "masks")
 
 
@@ -35,9 +35,9 @@ def _marker() -> Path | None:
     try:
         import numba
 
-        from . import char_dfa
+        from . import char_dfa_kernels
 
-        cache_dir = Path(char_dfa._product_kernel._cache._cache_path)
+        cache_dir = Path(char_dfa_kernels.product_kernel._cache._cache_path)
     except Exception:  # noqa: BLE001 - numba internals moved: warm up every time (harmless)
         return None
     digest = hashlib.sha256(f"{numba.__version__} {sys.version} {sys.executable}".encode())

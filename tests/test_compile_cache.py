@@ -211,6 +211,13 @@ def test_a_dead_child_is_replaced(pool, plain):
 # --- a cold numba cache ---------------------------------------------------------------------------
 
 
+def test_the_warm_marker_has_a_place():
+    # Without a place for the marker, every process would spawn the warm-up children again.
+    from grammar import jit_warmup
+
+    assert jit_warmup._marker() is not None
+
+
 _COLD_SCRIPT = """
 import hashlib, json, sys
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/tests")

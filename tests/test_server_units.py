@@ -114,11 +114,10 @@ def test_logit_bias_moves_the_argmax_but_never_past_the_mask() -> None:
     assert Sampler().sample(torch.zeros(1, V), dead).next_token_ids.tolist() == [NO_TOKEN]
 
 
-def test_logit_bias_survives_filter_and_merge() -> None:
-    a = SamplingBatchInfo.from_params([SamplingParams(logit_bias={1: 2.0}), SamplingParams()], V)
-    b = SamplingBatchInfo.from_params([SamplingParams(logit_bias={4: -1.0})], V)
-    assert a.filter([1, 0]).logit_biases == [None, {1: 2.0}]
-    assert a.merge(b).logit_biases == [{1: 2.0}, None, {4: -1.0}]
+def test_logit_bias_is_carried_per_row() -> None:
+    # Batches are rebuilt from their requests every step (no filter / merge): each row keeps its own.
+    a = SamplingBatchInfo.from_params([SamplingParams(logit_bias={1: 2.0}), SamplingParams(), SamplingParams(logit_bias={4: -1.0})], V)
+    assert a.logit_biases == [{1: 2.0}, None, {4: -1.0}]
 
 
 # --- no_stop_trim -----------------------------------------------------------------------------

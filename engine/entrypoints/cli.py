@@ -92,12 +92,12 @@ def cmd_precompile(args: argparse.Namespace) -> int:
 
     from ..constrained.grammar_backend import GrammarBackend
     from ..hf.model_files import default_model_dir
-    from .engine import _disk_cache, _load_tokenizer
+    from .engine import grammar_disk_cache, load_tokenizer
 
-    disk = _disk_cache(EngineArgs(grammar_cache_dir=args.cache_dir))
+    disk = grammar_disk_cache(EngineArgs(grammar_cache_dir=args.cache_dir))
     if disk is None:
         raise ValueError("--cache-dir: the grammar cache is off (FORMCAST_GRAMMAR_CACHE=off); nothing to precompile into")
-    vocab = TokenVocabulary.from_tokenizer(_load_tokenizer(args.model or default_model_dir()))
+    vocab = TokenVocabulary.from_tokenizer(load_tokenizer(args.model or default_model_dir()))
     backend = GrammarBackend(vocab, disk=disk)
     try:
         refused = 0

@@ -70,14 +70,14 @@ class Engine:
             context_length=args.context_length,
             num_threads=args.num_threads,
         )
-        self.tokenizer = _load_tokenizer(args.tokenizer_path or self.runner.model_path)
+        self.tokenizer = load_tokenizer(args.tokenizer_path or self.runner.model_path)
         self.vocab = _with_model_eos(TokenVocabulary.from_tokenizer(self.tokenizer), self.runner.model_config.eos_token_ids)
         self.context_len = self.runner.context_len
         kernels.wait(progress=lambda line: print(line, file=sys.stderr, flush=True))
         vocabulary_masks(self.vocab)  # the token trie and the mask kernels, loaded before ready
         self.grammar_backend = GrammarBackend(
             self.vocab, num_workers=args.grammar_workers, budget=_budget(args),
-            compile_processes=args.grammar_compile_processes, disk=_disk_cache(args),
+            compile_processes=args.grammar_compile_processes, disk=grammar_disk_cache(args),
         )
         self.grammar_backend.start_compile_processes()
         self.texts = TokenTexts(self.vocab, self.tokenizer)
@@ -470,7 +470,7 @@ def _rids(rid: Any, count: int) -> list[str]:
     return [str(r) for r in rids]
 
 
-def _disk_cache(args: EngineArgs) -> Any:
+def grammar_disk_cache(args: EngineArgs) -> Any:
     """The engine's on-disk store of compiled grammars: ``grammar_cache_dir``; its "default" is
     $FORMCAST_GRAMMAR_CACHE when set ("off": none), else $FORMCAST_CACHE/grammars."""
     directory = args.grammar_cache_dir
@@ -489,7 +489,7 @@ def _budget(args: EngineArgs) -> Any:
     return CompileBudget(max_compile_seconds=args.grammar_compile_timeout)
 
 
-def _load_tokenizer(path: Any) -> Any:
+def load_tokenizer(path: Any) -> Any:
     from transformers import AutoTokenizer
 
     from ..models.loader import is_gguf

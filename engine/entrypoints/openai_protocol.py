@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 
-def _lone_surrogate(value: Any, path: str) -> str | None:
+def lone_surrogate(value: Any, path: str) -> str | None:
     """The path of the first string holding a lone surrogate (JSON's ``"\\ud800"`` decodes to
     one; it cannot be encoded as UTF-8, so no tokenizer or response could carry it), or None."""
     if isinstance(value, str):
@@ -34,7 +34,7 @@ def _lone_surrogate(value: Any, path: str) -> str | None:
         return None
     if isinstance(value, dict):
         for key in value:
-            if isinstance(key, str) and _lone_surrogate(key, path) is not None:
+            if isinstance(key, str) and lone_surrogate(key, path) is not None:
                 return f"{path}.<key>" if path else "<key>"
         items = value.items()
     elif isinstance(value, list):
@@ -42,13 +42,13 @@ def _lone_surrogate(value: Any, path: str) -> str | None:
     else:
         return None
     for key, item in items:
-        where = _lone_surrogate(item, f"{path}.{key}" if path else str(key))
+        where = lone_surrogate(item, f"{path}.{key}" if path else str(key))
         if where is not None:
             return where
     return None
 
 
-class _Request(BaseModel):
+class StrictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
@@ -72,41 +72,41 @@ class _Sparse(_Response):
 # ---------------------------------------------------------------------------------- requests
 
 
-class StreamOptions(_Request):
+class StreamOptions(StrictRequest):
     include_usage: bool = False
     # vLLM's: every chunk carries the usage so far (not only the last one).
     continuous_usage_stats: bool = False
 
 
-class FunctionDefinition(_Request):
+class FunctionDefinition(StrictRequest):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class Tool(_Request):
+class Tool(StrictRequest):
     type: Literal["function"] = "function"
     function: FunctionDefinition
 
 
-class FunctionName(_Request):
+class FunctionName(StrictRequest):
     name: str
 
 
-class NamedToolChoice(_Request):
+class NamedToolChoice(StrictRequest):
     type: Literal["function"] = "function"
     function: FunctionName
 
 
-class JsonSchemaFormat(_Request):
+class JsonSchemaFormat(StrictRequest):
     name: str = "response"
     description: str | None = None
     schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Request):
+class ResponseFormat(StrictRequest):
     type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
     # SGLang's structural tag (``type: "structural_tag"``): free text with schema-checked tags.
@@ -114,12 +114,12 @@ class ResponseFormat(_Request):
     triggers: list[str] | None = None
 
 
-class FunctionCall(_Request):
+class FunctionCall(StrictRequest):
     name: str
     arguments: str  # JSON text, as OpenAI sends it
 
 
-class ToolCall(_Request):
+class ToolCall(StrictRequest):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
@@ -134,7 +134,7 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
-class ChatMessage(_Request):
+class ChatMessage(StrictRequest):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -146,7 +146,7 @@ class ChatMessage(_Request):
     reasoning_content: str | None = None
 
 
-class _SamplingExtensions(_Request):
+class _SamplingExtensions(StrictRequest):
     """SGLang / vLLM extensions shared by both endpoints (sent through ``extra_body``)."""
 
     top_k: int | None = None
@@ -195,7 +195,7 @@ class _CommonRequest(_SamplingExtensions):
     @model_validator(mode="before")
     @classmethod
     def _no_lone_surrogates(cls, data: Any) -> Any:
-        where = _lone_surrogate(data, "")
+        where = lone_surrogate(data, "")
         if where is not None:
             raise ValueError(f"{where or 'body'}: contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text")
         return data

@@ -23,15 +23,15 @@ from pydantic import Field, model_validator
 
 from .api_errors import APIError, bad_request
 from .engine import Engine
-from .openai_protocol import ChatMessage, _lone_surrogate, _Request
+from .openai_protocol import ChatMessage, lone_surrogate, StrictRequest
 from .serving import ServerState
 
 
-class _NativeRequest(_Request):
+class _NativeRequest(StrictRequest):
     @model_validator(mode="before")
     @classmethod
     def _no_lone_surrogates(cls, data: Any) -> Any:
-        where = _lone_surrogate(data, "")
+        where = lone_surrogate(data, "")
         if where is not None:
             raise ValueError(f"{where or 'body'}: contains a lone UTF-16 surrogate, which is not text")
         return data
