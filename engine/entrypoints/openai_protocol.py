@@ -48,6 +48,14 @@ def lone_surrogate(value: Any, path: str) -> str | None:
     return None
 
 
+def reject_lone_surrogates(data: Any) -> Any:
+    """A request body's ``model_validator``: a lone surrogate anywhere is a 400 naming where."""
+    where = lone_surrogate(data, "")
+    if where is not None:
+        raise ValueError(f"{where or 'body'}: contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text")
+    return data
+
+
 class StrictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -195,10 +203,7 @@ class _CommonRequest(_SamplingExtensions):
     @model_validator(mode="before")
     @classmethod
     def _no_lone_surrogates(cls, data: Any) -> Any:
-        where = lone_surrogate(data, "")
-        if where is not None:
-            raise ValueError(f"{where or 'body'}: contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text")
-        return data
+        return reject_lone_surrogates(data)
 
 
 class ChatCompletionRequest(_CommonRequest):

@@ -23,7 +23,7 @@ from pydantic import Field, model_validator
 
 from .api_errors import APIError, bad_request
 from .engine import Engine
-from .openai_protocol import ChatMessage, lone_surrogate, StrictRequest
+from .openai_protocol import ChatMessage, StrictRequest, reject_lone_surrogates
 from .serving import ServerState
 
 
@@ -31,10 +31,7 @@ class _NativeRequest(StrictRequest):
     @model_validator(mode="before")
     @classmethod
     def _no_lone_surrogates(cls, data: Any) -> Any:
-        where = lone_surrogate(data, "")
-        if where is not None:
-            raise ValueError(f"{where or 'body'}: contains a lone UTF-16 surrogate, which is not text")
-        return data
+        return reject_lone_surrogates(data)
 
 
 class GenerateRequest(_NativeRequest):
