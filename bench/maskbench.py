@@ -59,6 +59,7 @@ class Refused(Exception):
 
 class FormcastEngine:
     name = "formcast"
+    property_order = "declared"  # --formcast-property-order, set before the workers fork
 
     def __init__(self, tok: Any, eos: int) -> None:
         import grammar
@@ -72,7 +73,7 @@ class FormcastEngine:
 
         clear_cache(keep_setup=True)
         try:
-            compiled = self.grammar.compile_json_schema(schema, self.vocab)
+            compiled = self.grammar.compile_json_schema(schema, self.vocab, json_property_order=self.property_order)
         except self.grammar.GrammarError as exc:
             raise Refused(f"{type(exc).__name__}: {exc}") from exc
         return lambda: _FormcastWalker(self.grammar.GrammarMatcher(compiled))
@@ -554,11 +555,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-minutes", type=float, help="start no new task after this many minutes")
     ap.add_argument("--out", type=Path, help="results, one JSON line per (schema, engine)")
     ap.add_argument("--summarize", type=Path, help="print the tables of an earlier --out file and exit")
+    ap.add_argument("--formcast-property-order", choices=("declared", "any"), default="declared",
+                    help="formcast's json_property_order: the schema's key order, or every order (a validator's reading)")
     ap.add_argument("--failures", default="formcast", help="engine whose failures are listed ('' for none)")
     ap.add_argument("--resume", type=Path, help="results file of an earlier run: its (schema, engine) pairs are "
                     "skipped and its results join this run's summary")
     args = ap.parse_args(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    FormcastEngine.property_order = args.formcast_property_order
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
         ap.error(f"unknown engines {unknown}; choose from {sorted(ENGINES)}")

@@ -70,6 +70,9 @@ class SamplingParams:
     # "format" is asserted ("assert", the default: right for generation) or an annotation.
     json_schema_draft: str | None = None
     json_schema_formats: str = "assert"
+    # Named properties in the schema's order ("declared", what generation wants) or in every
+    # order ("any", a validator's reading; objects of at most 8 named keys, larger ones declared).
+    json_property_order: Literal["declared", "any"] = "declared"
     # Whitespace a json_schema output may hold: "any" (the grammar's bounded flexible whitespace),
     # "compact" (none: {"a":1,"b":[2]}) or "pretty" (exactly json.dumps(indent=2)). With
     # "compact" / "pretty" every separator is forced text: jump-forward and speculative drafts
@@ -196,6 +199,8 @@ class SamplingParams:
             raise InvalidSamplingParams("json_schema_draft", f"must be one of {', '.join(DRAFT_NAMES)} or null, got {self.json_schema_draft!r}") from None
         if self.json_schema_formats not in FORMAT_MODES:
             raise InvalidSamplingParams("json_schema_formats", f"must be 'assert' or 'annotate', got {self.json_schema_formats!r}")
+        if self.json_property_order not in ("declared", "any"):
+            raise InvalidSamplingParams("json_property_order", f"must be 'declared' or 'any', got {self.json_property_order!r}")
         for name in ("regex", "ebnf"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):

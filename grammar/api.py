@@ -138,13 +138,14 @@ def compile_json_schema(
     relax_keywords: Iterable[str] = (),
     json_schema_draft: str | None = None,
     json_schema_formats: str = "assert",
+    json_property_order: str = "declared",
     budget: CompileBudget | None = None,
 ) -> CompiledGrammar:
     """A grammar accepting JSON documents valid against ``schema`` (see ``json_schema``)."""
     constraint = Constraint.json_schema(
         schema, whitespace=whitespace, strict_properties=strict_properties, max_whitespace=max_whitespace,
         relax_keywords=relax_keywords, max_nesting_depth=(budget or CompileBudget()).max_nesting_depth,
-        draft=json_schema_draft, formats=json_schema_formats,
+        draft=json_schema_draft, formats=json_schema_formats, property_order=json_property_order,
     )
     return compile_constraint(constraint, vocab, budget)
 

@@ -50,6 +50,7 @@ class Constraint:
         max_nesting_depth: int = MAX_NESTING_DEPTH,
         draft: str | None = None,
         formats: str = "assert",
+        property_order: str = "declared",
     ) -> "Constraint":
         """A JSON schema (object, boolean or JSON text); the text is parsed here, once."""
         if isinstance(schema, str):
@@ -73,6 +74,8 @@ class Constraint:
             options["draft"] = draft
         if formats != "assert":
             options["formats"] = formats
+        if property_order != "declared":
+            options["property_order"] = property_order
         # Key order matters (properties are emitted in their listed order): never sort keys here.
         return cls("json_schema", json.dumps(schema), tuple(sorted(options.items())), schema)
 

@@ -3,7 +3,8 @@ entry point (the Engine's scheduler, the server, the CLI and the ``transformers`
 
 * ``json_schema`` (object, JSON text or boolean; ``json_schema_strict`` selects the strict
   properties style, ``json_schema_draft`` the draft of a schema without ``$schema``,
-  ``json_schema_formats`` whether ``format`` is asserted,
+  ``json_schema_formats`` whether ``format`` is asserted, ``json_property_order`` whether named
+  properties keep the schema's order,
   ``json_whitespace`` the layout: any / compact / pretty), ``regex`` (full match), ``ebnf`` (XGrammar/GBNF dialect), ``structural_tag``
   (SGLang's ``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}``).
 * The request's constraint becomes one ``grammar.Constraint`` (``constraint_of``), the key of
@@ -187,6 +188,7 @@ def constraint_of(params: SamplingParams) -> Constraint | None:
                 strict_properties=params.json_schema_strict,
                 draft=params.json_schema_draft,
                 formats=params.json_schema_formats,
+                property_order=params.json_property_order,
                 whitespace=JSON_WHITESPACE[params.json_whitespace],
             )
         if kind == "structural_tag":

@@ -51,6 +51,7 @@ _DIRECT_FIELDS = {
     "json_schema": "json_schema",
     "json_schema_draft": "json_schema_draft",
     "json_schema_formats": "json_schema_formats",
+    "json_property_order": "json_property_order",
     "json_whitespace": "json_whitespace",
     "structural_tag": "structural_tag",
     "grammar_compile_timeout": "grammar_compile_timeout",

@@ -173,6 +173,7 @@ class _SamplingExtensions(StrictRequest):
     # whether ``format`` is asserted ("assert", the default) or an annotation ("annotate").
     json_schema_draft: str | None = None
     json_schema_formats: str | None = None
+    json_property_order: str | None = None  # "declared" (default) or "any"
     json_whitespace: str | None = None  # "any" (default), "compact" or "pretty" (indent 2)
     structural_tag: dict[str, Any] | str | None = None
     return_routed_experts: bool | None = None  # MoE models: the experts chosen per output token

@@ -73,6 +73,7 @@ from ..errors import GrammarBudgetError, SchemaError
 from .drafts import check_formats, draft_named
 from .layout import Layout
 from .lower import MARK_RULE, Lowerer
+from .objects import check_property_order
 from .refs import Dynamic, load_schema, normalize_refs
 from .unique import build_check
 from .unique_check import MARK
@@ -89,6 +90,7 @@ def json_schema_to_grammar(
     relax_keywords: Iterable[str] = (),
     draft: str | None = None,
     formats: str = "assert",
+    property_order: str = "declared",
 ) -> ir.Grammar:
     """Lower a JSON Schema to a grammar accepting exactly the JSON texts valid against it.
 
@@ -99,12 +101,16 @@ def json_schema_to_grammar(
     ignore where they cannot be enforced exactly. ``draft``: the draft of a schema without
     ``$schema`` (``"draft-04"``, ``"draft-06"``, ``"draft-07"``, ``"2019-09"``, ``"2020-12"``;
     None keeps formcast's default, see ``drafts``). ``formats``: ``"assert"`` (enforce ``format``)
-    or ``"annotate"`` (ignore it, the specification's default for validators). Raises
+    or ``"annotate"`` (ignore it, the specification's default for validators). ``property_order``:
+    ``"declared"`` (named properties in the schema's order, what generation wants) or ``"any"``
+    (every order of the named properties, as a validator reads the schema, for objects with at
+    most ``objects.MAX_ANY_ORDER_KEYS`` named keys; larger objects keep the declared order). Raises
     SchemaError (invalid or unsatisfiable schema, bad option), UnsupportedFeatureError,
     GrammarBudgetError.
     """
     layout = Layout.from_option(whitespace, max_whitespace)
     annotate = check_formats(formats) == "annotate"
+    any_order = check_property_order(property_order) == "any"
     draft_named(draft)  # a bad option is an error even where the schema names its draft
     # The metaschema check and the walker recurse a few frames per nested subschema; the
     # document's depth budget (checked first thing in load_schema) bounds how many.
@@ -113,7 +119,7 @@ def json_schema_to_grammar(
         raw, validator_cls, named = load_schema(schema, draft)
         dynamic = Dynamic()
         doc = normalize_refs(raw, dynamic, named)
-        lowerer = Lowerer(doc, validator_cls, layout, strict_properties, relax_keywords, dynamic, named, annotate)
+        lowerer = Lowerer(doc, validator_cls, layout, strict_properties, relax_keywords, dynamic, named, annotate, any_order)
         root = lowerer.den.sub("")
         body = lowerer.value(root, 0)
         check = build_check(lowerer.den, root) if lowerer.has_unique else None

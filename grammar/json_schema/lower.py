@@ -45,12 +45,13 @@ _BUILDING = object()
 
 class Lowerer:
     def __init__(self, doc: Any, validator_cls: type, layout: Layout, strict_properties: bool, relax: Iterable[str], dynamic=None,
-                 draft=None, annotate_formats: bool = False) -> None:
+                 draft=None, annotate_formats: bool = False, any_order: bool = False) -> None:
         import jsonschema
 
         self.doc = doc
         self.layout = layout
         self.strict_properties = strict_properties
+        self.any_order = any_order  # named properties in every order (objects.py), not only the schema's
         self.relaxed = frozenset(relax)
         self.rules: dict[str, ir.Expr] = {}
         validator = validator_cls(doc, format_checker=validator_cls.FORMAT_CHECKER)

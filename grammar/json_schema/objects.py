@@ -12,6 +12,11 @@ The body is a chain of states ``(index, started, count, witnessed)``: ``started`
 whether a comma comes first, ``count`` exists only under ``minProperties``/``maxProperties``,
 ``witnessed`` is the set (bit mask) of ``exists`` entries already met. States after the first
 emitted property are shared as grammar rules, so a long list of optional properties stays linear.
+
+With ``property_order="any"`` (a validator's reading: JSON objects are unordered) the index
+becomes the set (bit mask) of named keys already emitted, so the states grow as 2^n: objects
+with more than ``MAX_ANY_ORDER_KEYS`` named keys keep the declared order, which accepts a
+subset of the valid texts and never an invalid one.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .. import ir
-from ..errors import GrammarBudgetError
+from ..errors import GrammarBudgetError, SchemaError
 from .conjs import KeyLang, ObjConj
 from .exprs import FALSE, Expr, and_
 from .strings import quoted, quoted_not_in, string_literal
@@ -34,6 +39,14 @@ if TYPE_CHECKING:
 _SHARE_ABOVE = 3
 MAX_COUNT_STATES = 4096
 MAX_EXISTS = 4  # exists entries (negated rules, propertyNames) tracked at once
+MAX_ANY_ORDER_KEYS = 8  # 2^8 emitted-key sets per object at most (10 made some MaskBench compiles pass 120 s)
+PROPERTY_ORDERS = ("declared", "any")
+
+
+def check_property_order(mode: str) -> str:
+    if mode not in PROPERTY_ORDERS:
+        raise SchemaError(f"property_order must be 'declared' or 'any', got {mode!r}")
+    return mode
 
 
 def _small(expr: ir.Expr, budget: int = 24) -> bool:
@@ -87,13 +100,15 @@ def object_expr(lw: "Lowerer", c: ObjConj, ptr: str, depth: int) -> ir.Expr:
     # Only a count of properties multiplies the chain's states; without minProperties /
     # maxProperties extra keys sit in the gaps of a chain linear in the named keys.
     counting = min_p > 0 or max_p is not None
-    if extras and counting and (len(entries) + 1) * (cap + 1) * (1 << len(c.exists)) > MAX_COUNT_STATES:
+    any_order = lw.any_order and 1 < len(entries) <= MAX_ANY_ORDER_KEYS
+    positions = (1 << len(entries)) if any_order else len(entries) + 1
+    if extras and counting and positions * (cap + 1) * (1 << len(c.exists)) > MAX_COUNT_STATES:
         keyword = "maxProperties" if max_p is not None else "minProperties"
         raise GrammarBudgetError(
             f"{keyword} {cap} with extra keys allowed and {len(entries)} named keys at {ptr or '/'} needs more than "
             f"{MAX_COUNT_STATES} counting states"
         )
-    return _Chain(lw, entries, extras, min_p, max_p, (1 << len(c.exists)) - 1, depth).build()
+    return _Chain(lw, entries, extras, min_p, max_p, (1 << len(c.exists)) - 1, depth, any_order).build()
 
 
 def _alternatives(lw: "Lowerer", base: Expr, applicable: list[int], c: ObjConj, depth: int) -> list[tuple[ir.Expr, int]]:
@@ -170,15 +185,23 @@ def _exact(keyword: str, why: str) -> None:
 class _Chain:
     """Builds the object body over the states described in the module docstring."""
 
-    def __init__(self, lw: "Lowerer", entries, extras, min_p: int, max_p: int | None, full: int, depth: int) -> None:
-        self.lw, self.entries, self.extras = lw, entries, extras
+    def __init__(self, lw: "Lowerer", entries, extras, min_p: int, max_p: int | None, full: int, depth: int,
+                 any_order: bool = False) -> None:
+        self.lw, self.extras = lw, extras
+        self.any_order = any_order
+        if any_order:
+            # Each key: value is reached from up to 2^(n-1) states: one rule, not a copy per state.
+            entries = [(name, [(v if _small(v) else lw.add_rule("prop", v), m) for v, m in values], req)
+                       for name, values, req in entries]
+            self.required_mask = sum(1 << j for j, (_, _, req) in enumerate(entries) if req)
+        self.entries = entries
         self.counting = min_p > 0 or max_p is not None
         self.min_p, self.max_p, self.full, self.depth = min_p, max_p, full, depth
         layout = lw.layout
         self.sep, self.colon = layout.sep(depth), layout.colon()
         self.req_after = list(itertools.accumulate((r for _, _, r in reversed(entries)), initial=0))[::-1]
         self.memo: dict[tuple[int, bool, int, int], ir.Expr] = {}
-        self.share = len(entries) > _SHARE_ABOVE or any(not _small(v) for _, alts, _ in entries for v, _ in alts)
+        self.share = any_order or len(entries) > _SHARE_ABOVE or any(not _small(v) for _, alts, _ in entries for v, _ in alts)
         self.plain = [kv for kv, m in extras if m == 0]
         self.witnessing = [(kv, m) for kv, m in extras if m]
 
@@ -186,16 +209,22 @@ class _Chain:
         layout = self.lw.layout
         body = self.state(0, False, 0, 0)
         alts = [ir.seq(layout.open("{", self.depth), body, layout.close("}", self.depth))]
-        if self.req_after[0] == 0 and self.min_p == 0 and self.full == 0:
+        if self._required_left(0) == 0 and self.min_p == 0 and self.full == 0:
             alts.append(layout.empty("{}"))
         return ir.choice(*alts)
 
+    def _required_left(self, i: int) -> int:
+        return (self.required_mask & ~i).bit_count() if self.any_order else self.req_after[i]
+
+    def _named_left(self, i: int) -> int:
+        return len(self.entries) - (i.bit_count() if self.any_order else i)
+
     def state(self, i: int, started: bool, count: int, sat: int) -> ir.Expr:
-        n = len(self.entries)
+        """``i``: the next entry's index, or under ``any_order`` the set of entries emitted."""
         if self.counting:
-            if self.max_p is not None and count + self.req_after[i] > self.max_p:
+            if self.max_p is not None and count + self._required_left(i) > self.max_p:
                 return ir.NOTHING
-            if not self.extras and count + (n - i) < self.min_p:
+            if not self.extras and count + self._named_left(i) < self.min_p:
                 return ir.NOTHING
             if self.max_p is None:
                 count = min(count, self.min_p)
@@ -216,7 +245,15 @@ class _Chain:
         n = len(self.entries)
         lead = self.sep if started else ir.EMPTY
         alts: list[ir.Expr] = []
-        if i < n:
+        if self.any_order:
+            for j, (name, values, _) in enumerate(self.entries):
+                if not i >> j & 1:
+                    for v, mask in values:
+                        kv = ir.seq(string_literal(name), self.colon, v)
+                        alts.append(ir.seq(lead, kv, self.state(i | 1 << j, True, count + 1, sat | mask)))
+            if started and not self.required_mask & ~i and (not self.counting or count >= self.min_p) and sat == self.full:
+                alts.append(ir.EMPTY)
+        elif i < n:
             name, values, required = self.entries[i]
             for v, mask in values:
                 kv = ir.seq(string_literal(name), self.colon, v)
