@@ -31,12 +31,12 @@ demo: install
 TEST_WORKERS ?= 2
 
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # The property tests with fresh random seeds and 5x their examples (CI keeps one fixed seed):
 # run it before a submission; every failure it finds becomes an explicit @example.
 PROPERTY_TESTS ?= tests/test_json_schema_algebra.py tests/test_json_schema_hypothesis.py tests/test_json_schema_unique_unions.py \
-	tests/test_json_schema_drafts.py
+	tests/test_json_schema_drafts.py tests/test_json_property_order.py
 test-random: install
 	FORMCAST_HYPOTHESIS_PROFILE=random FORMCAST_EXAMPLES_SCALE=$${FORMCAST_EXAMPLES_SCALE:-5} \
 		$(PY) -m pytest -q -p no:cacheprovider $(PROPERTY_TESTS)
