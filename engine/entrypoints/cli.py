@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json-whitespace", choices=("any", "compact", "pretty"), default="any", help="JSON layout of --json-schema output: any (default; bounded free whitespace), compact (none) or pretty (indent 2); compact and pretty make separators forced text (faster)")
     gen.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder or a .gguf file (default: embedded SmolLM2-135M-Instruct)")
     gen.add_argument("--dtype", default="auto", help="auto (default), float32, bfloat16 or float16")
+    gen.add_argument("--quantization", choices=("int8", "int4"), help="weight-only quantization of a Hugging Face folder at load (CPU)")
     gen.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 (default) means greedy")
     gen.add_argument("--top-p", type=float, default=1.0, metavar="P")
     gen.add_argument("--top-k", type=int, default=-1, metavar="K")
@@ -321,7 +322,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from ..entrypoints.engine import Engine
 
     print("formcast: loading model...", file=sys.stderr, flush=True)
-    with Engine(args.model, dtype=args.dtype, num_threads=args.threads) as engine:
+    with Engine(args.model, dtype=args.dtype, num_threads=args.threads, quantization=args.quantization) as engine:
         prompts, params = [], []
         for record in records:
             own = {k: v for k, v in record.items() if k not in ("prompt", "id")}

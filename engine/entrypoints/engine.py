@@ -69,6 +69,7 @@ class Engine:
             max_running_requests=args.max_running_requests,
             context_length=args.context_length,
             num_threads=args.num_threads,
+            quantization=args.quantization,
         )
         self.tokenizer = load_tokenizer(args.tokenizer_path or self.runner.model_path)
         self.vocab = _with_model_eos(TokenVocabulary.from_tokenizer(self.tokenizer), self.runner.model_config.eos_token_ids)

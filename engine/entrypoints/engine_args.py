@@ -13,6 +13,9 @@ class EngineArgs:
     tokenizer_path: str | None = None  # default: the model's own (folder or GGUF file)
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 ("auto": half precision where it is fast)
     device: str = "cpu"
+    # Weight-only quantization of a Hugging Face folder at load: "int8" (Q8_0) or "int4" (Q4_0)
+    # blocks of 32, multiplied by the GGUF kernels; the forward runs in float32. CPU only.
+    quantization: str | None = None
     max_total_tokens: int | None = None  # KV cache slots; default from mem_fraction
     mem_fraction: float = 0.2  # of the memory free after loading, for the KV cache
     max_running_requests: int = 64

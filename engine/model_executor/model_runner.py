@@ -46,6 +46,7 @@ class ModelRunner:
         context_length: int | None = None,
         num_threads: int | None = None,
         model: LlamaForCausalLM | None = None,
+        quantization: str | None = None,
     ) -> None:
         """``model``: run this already-loaded model (e.g. a draft sharing the target's layers)
         instead of loading ``model_path``; ``dtype`` is then the model's."""
@@ -62,8 +63,9 @@ class ModelRunner:
             self.dtype = model.embed_tokens.dtype
         else:
             self.model_config = load_config(self.model_path)
-            self.dtype = resolve_dtype(dtype, self.device, quantized=is_gguf(self.model_path))
-            self.model = load_model(self.model_path, self.dtype, self.device)
+            quantized = is_gguf(self.model_path) or quantization is not None
+            self.dtype = resolve_dtype(dtype, self.device, quantized=quantized)
+            self.model = load_model(self.model_path, self.dtype, self.device, quantization)
         self.context_len = self.model_config.context_len
         if context_length is not None:
             if context_length < 2:

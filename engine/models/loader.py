@@ -109,12 +109,36 @@ def load_config(path: str | Path) -> ModelConfig:
     return ModelConfig.from_folder(path)
 
 
-def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device, quantization: str | None = None) -> LlamaForCausalLM:
+    """``quantization``: ``"int8"`` / ``"int4"`` encode a folder's dense matrices at load
+    (``models.weight_quantization``); a GGUF file is quantized already and takes none."""
     folder = Path(folder)
+    if quantization is not None:
+        from .weight_quantization import check_scheme
+
+        try:
+            check_scheme(quantization)
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from None
+        if folder.is_file():
+            raise ModelLoadError(f"{folder}: a GGUF file keeps its own encoding; quantization={quantization!r} applies to Hugging Face folders")
+        if device.type != "cpu":
+            raise ModelLoadError(f"quantization={quantization!r} runs on the CPU only (device {device} requested)")
+        if dtype != torch.float32:
+            raise ModelLoadError(f"quantization={quantization!r} computes in float32 (dtype {dtype} requested)")
     if folder.is_file():
         from .gguf_loader import load_gguf_model
 
         return load_gguf_model(folder, dtype, device)
+    model = _load_folder(folder, dtype, device)
+    if quantization is not None:
+        from .weight_quantization import quantize_model
+
+        quantize_model(model, quantization)
+    return model
+
+
+def _load_folder(folder: Path, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
     cfg = ModelConfig.from_folder(folder)
     with torch.device("meta"):
         model = model_class(cfg)(cfg)

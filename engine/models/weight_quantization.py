@@ -1,0 +1,109 @@
+"""Weight-only quantization of a Hugging Face checkpoint at load: ``quantization="int8" | "int4"``.
+
+Each dense matrix the forward multiplies (fused q/k/v, o, fused gate/up, down, the output head
+and with it a tied embedding) is encoded, row by row in groups of 32 weights, into the ggml
+block format of the same width: ``int8`` -> Q8_0 (int8 codes, one fp16 scale a group), ``int4``
+-> Q4_0 (4-bit codes, one fp16 scale a group). They become ``layers.ggml_quants.QuantizedWeight``s,
+the very objects a GGUF file of those types loads into, so the same kernels multiply them (with
+activations quantized per block as llama.cpp does) and the rest of the model does not know.
+The encoding is the ``gguf`` package's reference quantizer, so a matrix quantized here is the
+matrix llama.cpp's converter would write.
+
+What stays in floating point: norms, biases, routers and the stacked expert tensors of a mixture
+of experts (the expert kernel takes float stacks), and any matrix whose rows are not whole
+32-weight groups. Weights are 3.8x (int8) and 7.1x (int4) smaller than float32; the forward runs
+in float32 (the kernels' accumulation type). CPU only, as the kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..layers.ggml_quants import QK, QuantizedWeight
+
+SCHEMES = {"int8": "Q8_0", "int4": "Q4_0"}
+
+
+@dataclass(frozen=True)
+class QuantizationReport:
+    """What ``quantize_model`` changed: matrices encoded, kept in float, and the bytes before and after."""
+
+    scheme: str
+    quantized: tuple[str, ...]
+    kept_float: tuple[str, ...]
+    float_bytes: int
+    quantized_bytes: int
+
+
+def check_scheme(scheme: str | None) -> str | None:
+    if scheme is not None and scheme not in SCHEMES:
+        raise ValueError(f"quantization must be one of {', '.join(SCHEMES)} or None, got {scheme!r}")
+    return scheme
+
+
+def quantize_matrix(weight: torch.Tensor, scheme: str) -> QuantizedWeight:
+    """A float [N, K] matrix (K a multiple of 32) in the scheme's ggml block format."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    type_name = SCHEMES[scheme]
+    n, k = weight.shape
+    if k % QK:
+        raise ValueError(f"rows of {k} weights are not whole {QK}-weight groups")
+    raw = quantize(weight.detach().float().cpu().numpy(), GGMLQuantizationType[type_name])
+    return QuantizedWeight.from_gguf(type_name, np.ascontiguousarray(raw), (n, k))
+
+
+# (module path relative to a decoder layer, attribute) of the dense matrices a layer multiplies.
+_LAYER_MATRICES = (("self_attn", "qkv_proj"), ("self_attn", "o_proj"), ("mlp", "gate_up_proj"), ("mlp", "down_proj"),
+                   ("mlp.shared_expert", "gate_up_proj"), ("mlp.shared_expert", "down_proj"))  # fmt: skip
+
+
+def quantize_model(model: nn.Module, scheme: str) -> QuantizationReport:
+    """Encode ``model``'s dense matrices in place (see the module docstring)."""
+    check_scheme(scheme)
+    done: list[str] = []
+    kept: list[str] = []
+    before = after = 0
+    encoded: dict[int, QuantizedWeight] = {}  # id(tensor) -> its encoding: a tied head is encoded once
+
+    def encode(owner: nn.Module, name: str, path: str) -> None:
+        nonlocal before, after
+        weight = getattr(owner, name, None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            if isinstance(weight, torch.Tensor):
+                kept.append(path)
+            return
+        if weight.shape[1] % QK:
+            kept.append(path)
+            return
+        if id(weight) not in encoded:
+            before += weight.numel() * 4
+            encoded[id(weight)] = quantize_matrix(weight, scheme)
+            after += encoded[id(weight)].nbytes
+        owner._parameters.pop(name, None)
+        setattr(owner, name, encoded[id(weight)])
+        done.append(path)
+
+    head = model.lm_head
+    encode(model, "lm_head", "lm_head")
+    if model.embed_tokens is head:  # tied: the embedding reads rows of the same encoded matrix
+        model._parameters.pop("embed_tokens", None)
+        model.embed_tokens = model.lm_head
+    for i, layer in enumerate(model.layers):
+        for owner_path, name in _LAYER_MATRICES:
+            try:
+                owner = layer.get_submodule(owner_path)
+            except AttributeError:
+                continue
+            if owner is None:
+                continue
+            encode(owner, name, f"layers.{i}.{owner_path}.{name}")
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is not None or hasattr(layer.mlp, "gate"):
+            kept.append(f"layers.{i}.mlp (router and experts)")
+    return QuantizationReport(scheme, tuple(done), tuple(kept), before, after)
