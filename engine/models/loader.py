@@ -128,11 +128,16 @@ def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device) -> 
         model.lm_head = model.embed_tokens
     else:
         put(model, "lm_head", tensors.get("lm_head.weight"))
+    attach_rotary(model, cfg, dtype, device)
+    return model.eval()
+
+
+def attach_rotary(model: LlamaForCausalLM, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    """The RoPE tables of ``cfg`` on ``model`` (every format's loader calls this once)."""
     rotary_dim = cfg.rotary_dim or cfg.head_dim
     model.rotary = RotaryEmbedding(cfg.rope, rotary_dim, cfg.context_len, dtype, device)
     if cfg.local_rope is not None and cfg.local_rope != cfg.rope:
         model.rotary_local = RotaryEmbedding(cfg.local_rope, rotary_dim, cfg.context_len, dtype, device)
-    return model.eval()
 
 
 def _norm(cfg: ModelConfig, weight: torch.Tensor) -> torch.Tensor:
