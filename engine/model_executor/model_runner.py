@@ -62,7 +62,9 @@ class ModelRunner:
             self.dtype = model.embed_tokens.dtype
         else:
             self.model_config = load_config(self.model_path)
-            self.dtype = resolve_dtype(dtype, self.device, quantized=is_gguf(self.model_path))
+            self.dtype = resolve_dtype(
+                dtype, self.device, quantized=is_gguf(self.model_path), declared=self.model_config.torch_dtype
+            )
             self.model = load_model(self.model_path, self.dtype, self.device)
         self.context_len = self.model_config.context_len
         if context_length is not None:
