@@ -106,3 +106,27 @@ def test_missing_family_metadata_is_named(tmp_path, monkeypatch, family, writer_
     write_family_gguf(tmp_path / "bad.gguf", family, model)
     with pytest.raises(ModelLoadError, match=key.replace(".", r"\.")):
         ModelRunner(tmp_path / "bad.gguf", max_total_tokens=256, max_running_requests=2)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_quantized_experts_track_llama_cpp(tmp_path, one_thread, family):
+    """Experts quantized by llama.cpp's own quantizer (Q8_0) stay quantized per expert in formcast
+    and give llama.cpp's logits on the same file within activation-quantization noise."""
+    llama_cpp = require_optional("llama_cpp")
+    from gguf_files import quantize
+
+    f32, q8 = tmp_path / "f32.gguf", tmp_path / "q8.gguf"
+    write_family_gguf(f32, family, build(family))
+    assert quantize(f32, q8, "Q8_0", {}) == "llama.cpp"
+    runner = ModelRunner(q8, max_total_tokens=1024, max_running_requests=24)
+    block = runner.model.layers[0].mlp
+    assert isinstance(block.gate_up_proj, list) and isinstance(block.gate, torch.Tensor)
+    loop = GreedyLoop(runner)
+    rows = [loop.add(PROMPT[:n]) for n in range(1, len(PROMPT) + 1)]
+    got = loop.step(rows).numpy()
+    llm = llama_cpp.Llama(model_path=str(q8), n_ctx=256, n_batch=64, n_threads=1, logits_all=True, verbose=False)
+    llm.eval(PROMPT)
+    ref = np.array(llm.scores[: len(PROMPT)])
+    del llm
+    assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max()
+    assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.8
