@@ -86,16 +86,7 @@ def write_gguf(path: Path, state: dict[str, np.ndarray], qtype: str | None = Non
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
     w.add_vocab_size(c["vocab_size"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    # llama.cpp refuses a byte-level vocabulary without merges: one merge, " t", and its token
-    w.add_token_list(byte_level_chars() + list(SPECIALS) + ["\u0120t"])
-    w.add_token_types([gguf.TokenType.NORMAL] * 256 + [gguf.TokenType.CONTROL] * len(SPECIALS) + [gguf.TokenType.NORMAL])
-    w.add_token_merges(["\u0120 t"])
-    w.add_bos_token_id(c["bos_token_id"])
-    w.add_eos_token_id(c["eos_token_id"])
-    w.add_add_bos_token(False)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
+    add_tiny_tokenizer(w, pre)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}  # fmt: skip
     per_layer = {
@@ -124,6 +115,22 @@ def write_gguf(path: Path, state: dict[str, np.ndarray], qtype: str | None = Non
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def add_tiny_tokenizer(w, pre: str = "default") -> None:  # type: ignore[no-untyped-def]
+    """The byte-level tokenizer of the tiny files (259 tokens: 256 bytes, two specials, one merge)."""
+    import gguf
+
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    # llama.cpp refuses a byte-level vocabulary without merges: one merge, " t", and its token
+    w.add_token_list(byte_level_chars() + list(SPECIALS) + ["\u0120t"])
+    w.add_token_types([gguf.TokenType.NORMAL] * 256 + [gguf.TokenType.CONTROL] * len(SPECIALS) + [gguf.TokenType.NORMAL])
+    w.add_token_merges(["\u0120 t"])
+    w.add_bos_token_id(TINY["bos_token_id"])
+    w.add_eos_token_id(TINY["eos_token_id"])
+    w.add_add_bos_token(False)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
 
 
 def llama_cpp_module():

@@ -131,3 +131,42 @@ def test_dense_model_refuses_routed_experts(tmp_path, smollm2_tokenizer):
     with Engine(str(tmp_path), max_total_tokens=300, **KW) as dense:
         with pytest.raises(PromptError, match="return_routed_experts"):
             dense.generate("hello", {**ROUTED, "max_new_tokens": 2})
+
+
+def test_routed_experts_in_openai_responses(engine, tiny_moe):
+    """Over HTTP the ids come back per choice (``routed_experts`` [token][moe layer][k], and
+    ``routed_expert_weights`` on request), whole and streamed (each chunk: its tokens'), equal to
+    the Engine's own output for the same prompt ids, which the tests above check against the oracle."""
+    from server_harness import ServerThread
+
+    prompt = _prompts(engine, 1)[0]
+    ask = {"return_routed_experts": True, "return_routed_expert_weights": True}
+    ref = engine.generate(input_ids=prompt, sampling_params={**ROUTED, "max_new_tokens": 5, "return_routed_expert_weights": True})
+    server = ServerThread(engine)
+    try:
+        client = server.client()
+        model = client.models.list().data[0].id
+        whole = client.completions.create(model=model, prompt=prompt, max_tokens=5, temperature=0, extra_body=ask)
+        choice = whole.choices[0].model_dump()
+        assert choice["routed_experts"] == ref["meta_info"]["routed_experts"]
+        torch.testing.assert_close(torch.tensor(choice["routed_expert_weights"]), torch.tensor(ref["meta_info"]["routed_expert_weights"]))
+        assert len(choice["routed_experts"]) == whole.usage.completion_tokens
+        streamed = client.completions.create(model=model, prompt=prompt, max_tokens=5, temperature=0, extra_body=ask, stream=True)
+        routes = [r for c in streamed for ch in c.choices for r in (ch.model_dump().get("routed_experts") or [])]
+        assert routes == ref["meta_info"]["routed_experts"]
+        plain = client.completions.create(model=model, prompt=prompt, max_tokens=2, temperature=0).choices[0].model_dump()
+        assert "routed_experts" not in plain and "routed_expert_weights" not in plain
+
+        messages = [{"role": "user", "content": "Say something."}]
+        chat = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0,
+                                              extra_body={"return_routed_experts": True})  # fmt: skip
+        chat_routes = chat.choices[0].model_dump()["routed_experts"]
+        assert len(chat_routes) == chat.usage.completion_tokens
+        assert "routed_expert_weights" not in chat.choices[0].model_dump()
+        cfg = engine.runner.model_config
+        assert all(len(step) == sum(cfg.moe.sparse_layers) and all(len(k) == cfg.moe.top_k for k in step) for step in chat_routes)
+        stream = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0,
+                                                extra_body={"return_routed_experts": True}, stream=True)  # fmt: skip
+        assert [r for c in stream for ch in c.choices for r in (ch.model_dump().get("routed_experts") or [])] == chat_routes
+    finally:
+        server.stop()

@@ -292,6 +292,10 @@ class ChatChoice(_Sparse):
     finish_reason: str | None = None
     # With return_hidden_states (SGLang's extension): the last layer's state per output token.
     hidden_states: list[list[float]] | None = None
+    # With return_routed_experts (MoE models): per output token, per MoE layer, the top-k expert
+    # ids, best first; return_routed_expert_weights adds their routing weights in the same shape.
+    routed_experts: list[list[list[int]]] | None = None
+    routed_expert_weights: list[list[list[float]]] | None = None
 
 
 class ChatCompletionResponse(_Response):
@@ -322,11 +326,14 @@ class DeltaMessage(_Sparse):
     tool_calls: list[ToolCallDelta] | None = None
 
 
-class ChatChunkChoice(_Response):
+class ChatChunkChoice(_Sparse):
+    keep_null = frozenset({"logprobs", "finish_reason"})
     index: int
     delta: DeltaMessage
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
+    routed_experts: list[list[list[int]]] | None = None  # as ChatChoice's, for this chunk's tokens
+    routed_expert_weights: list[list[list[float]]] | None = None
 
 
 class ChatCompletionChunk(_Sparse):
@@ -352,6 +359,8 @@ class CompletionChoice(_Sparse):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     hidden_states: list[list[float]] | None = None  # as ChatChoice's
+    routed_experts: list[list[list[int]]] | None = None  # as ChatChoice's (a chunk: its tokens')
+    routed_expert_weights: list[list[list[float]]] | None = None
 
 
 class CompletionResponse(_Sparse):

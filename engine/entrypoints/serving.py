@@ -85,10 +85,23 @@ class Choice:
     last_token_time: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # the last chunk's meta_info
     hidden_states: list[list[float]] = field(default_factory=list)  # with return_hidden_states
+    routed_experts: list[list[list[int]]] = field(default_factory=list)  # with return_routed_experts
+    routed_expert_weights: list[list[list[float]]] = field(default_factory=list)
 
     @property
     def finish(self) -> dict[str, Any] | None:
         return self.meta.get("finish_reason")
+
+
+def routed_fields(params: SamplingParams, experts: list | None, weights: list | None) -> dict[str, Any]:
+    """The routed-experts fields of a choice (or of a streamed chunk's choice, for its tokens):
+    empty unless the request asked for them, so other responses keep their shape."""
+    out: dict[str, Any] = {}
+    if params.return_routed_experts or params.return_routed_expert_weights:
+        out["routed_experts"] = experts or []
+        if params.return_routed_expert_weights:
+            out["routed_expert_weights"] = weights or []
+    return out
 
 
 def openai_finish_reason(finish: dict[str, Any]) -> str:
@@ -236,6 +249,8 @@ class OpenAIServing:
             choice.token_count += len(chunk["output_ids"])
         choice.text.append(chunk["text"])
         choice.hidden_states += meta.get("hidden_states") or []
+        choice.routed_experts += meta.get("routed_experts") or []
+        choice.routed_expert_weights += meta.get("routed_expert_weights") or []
         finish = meta["finish_reason"]
         if finish is not None:
             m = self.metrics

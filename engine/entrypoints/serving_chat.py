@@ -43,7 +43,7 @@ from .openai_protocol import (
     TopLogprob,
 )
 from ..constrained.reasoning import ReasoningSplitter, prompt_closes_reasoning
-from .serving import Choice, EngineRun, EventStream, OpenAIServing, clamp_logprob, openai_finish_reason, usage_of, wants_usage
+from .serving import Choice, EngineRun, EventStream, OpenAIServing, clamp_logprob, openai_finish_reason, routed_fields, usage_of, wants_usage
 from .tool_calls import (
     CALL_CLOSE,
     CollectedMessage,
@@ -166,7 +166,8 @@ class OpenAIServingChat(OpenAIServing):
             message = AssistantMessage(content=msg.text, tool_calls=calls or None, reasoning_content=thought)
             lp = ChoiceLogprobs(content=logprobs[c.index]) if prep.params.logprobs else None
             hidden = c.hidden_states if prep.params.return_hidden_states else None
-            out.append(ChatChoice(index=c.index, message=message, logprobs=lp, finish_reason=_finish_reason(c, prep.mode, bool(calls)), hidden_states=hidden))
+            routed = routed_fields(prep.params, c.routed_experts, c.routed_expert_weights)
+            out.append(ChatChoice(index=c.index, message=message, logprobs=lp, finish_reason=_finish_reason(c, prep.mode, bool(calls)), hidden_states=hidden, **routed))
         return ChatCompletionResponse(id=_response_id(), model=self.config.model_name, choices=out, usage=usage_of(run.choices))
 
     # ------------------------------------------------------------------ streamed response
@@ -179,7 +180,7 @@ class OpenAIServingChat(OpenAIServing):
         continuous = prep.request.stream_options is not None and prep.request.stream_options.continuous_usage_stats
 
         def chunk(index: int, delta: DeltaMessage, **fields: Any) -> str:
-            choice = ChatChunkChoice(index=index, delta=delta, logprobs=fields.pop("logprobs", None), finish_reason=fields.pop("finish_reason", None))
+            choice = ChatChunkChoice(index=index, delta=delta, **fields)
             usage = usage_of(run.choices) if continuous else None
             return ChatCompletionChunk(id=response_id, created=created, model=self.config.model_name, choices=[choice], usage=usage).to_json()
 
@@ -200,11 +201,13 @@ class OpenAIServingChat(OpenAIServing):
                     calls_made[choice.index] |= any(isinstance(e, ParsedCallStart) for e in events)
                     deltas = _deltas(events)
                     token_logprobs = self._logprobs(prep.params, engine_chunk)
-                    if token_logprobs and not deltas:
-                        deltas = [DeltaMessage()]  # logprobs of held-back text still go out now
+                    meta = engine_chunk["meta_info"]
+                    routed = routed_fields(prep.params, meta.get("routed_experts"), meta.get("routed_expert_weights"))
+                    if (token_logprobs or routed.get("routed_experts")) and not deltas:
+                        deltas = [DeltaMessage()]  # logprobs / experts of held-back text still go out now
                     for k, delta in enumerate(deltas):
                         lp = ChoiceLogprobs(content=token_logprobs) if k == 0 and prep.params.logprobs else None
-                        yield chunk(choice.index, delta, logprobs=lp)
+                        yield chunk(choice.index, delta, logprobs=lp, **(routed if k == 0 else {}))
                     if finish is not None:
                         yield chunk(choice.index, DeltaMessage(), finish_reason=_finish_reason(choice, prep.mode, calls_made[choice.index]))
             if wants_usage(prep.request):

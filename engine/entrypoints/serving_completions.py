@@ -16,12 +16,13 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 from ..sampling_params import SamplingParams
 from .openai_mapping import to_sampling_params
 from .api_errors import APIError, bad_request, internal_error
 from .openai_protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
-from .serving import EngineRun, EventStream, OpenAIServing, clamp_logprob, openai_finish_reason, usage_of, wants_usage
+from .serving import EngineRun, EventStream, OpenAIServing, clamp_logprob, openai_finish_reason, routed_fields, usage_of, wants_usage
 
 log = logging.getLogger("formcast.server")
 
@@ -103,7 +104,8 @@ class OpenAIServingCompletion(OpenAIServing):
             assert c.finish is not None
             lp = logprobs[c.index] if prep.params.logprobs else None
             hidden = c.hidden_states if prep.params.return_hidden_states else None
-            out.append(CompletionChoice(index=c.index, text=text, logprobs=lp, finish_reason=openai_finish_reason(c.finish), hidden_states=hidden))
+            routed = routed_fields(prep.params, c.routed_experts, c.routed_expert_weights)
+            out.append(CompletionChoice(index=c.index, text=text, logprobs=lp, finish_reason=openai_finish_reason(c.finish), hidden_states=hidden, **routed))
         return CompletionResponse(id=_response_id(), model=self.config.model_name, choices=out, usage=usage_of(run.choices))
 
     # ------------------------------------------------------------------ streamed response
@@ -114,8 +116,8 @@ class OpenAIServingCompletion(OpenAIServing):
 
         continuous = prep.request.stream_options is not None and prep.request.stream_options.continuous_usage_stats
 
-        def chunk(index: int, text: str, lp: CompletionLogprobs | None, finish: str | None = None) -> str:
-            choice = CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=finish)
+        def chunk(index: int, text: str, lp: CompletionLogprobs | None, finish: str | None = None, **routed: Any) -> str:
+            choice = CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=finish, **routed)
             usage = usage_of(run.choices) if continuous else None
             return CompletionResponse(id=response_id, created=created, model=self.config.model_name, choices=[choice], usage=usage).to_json()
 
@@ -137,8 +139,10 @@ class OpenAIServingCompletion(OpenAIServing):
                         lp = CompletionLogprobs()
                         offsets[choice.index] = self._add_logprobs(lp, prep, engine_chunk, offsets[choice.index])
                     reason = openai_finish_reason(finish) if finish is not None else None
-                    if text or lp is not None and lp.tokens or reason is not None:
-                        yield chunk(choice.index, text, lp, reason)
+                    meta = engine_chunk["meta_info"]
+                    routed = routed_fields(prep.params, meta.get("routed_experts"), meta.get("routed_expert_weights"))
+                    if text or lp is not None and lp.tokens or reason is not None or routed.get("routed_experts"):
+                        yield chunk(choice.index, text, lp, reason, **routed)
             if wants_usage(prep.request):
                 yield usage_chunk()
         except APIError as exc:

@@ -64,7 +64,7 @@ class ModelRunner:
         else:
             self.model_config = load_config(self.model_path)
             quantized = is_gguf(self.model_path) or quantization is not None
-            self.dtype = resolve_dtype(dtype, self.device, quantized=quantized)
+            self.dtype = resolve_dtype(dtype, self.device, quantized=quantized, declared=self.model_config.torch_dtype)
             self.model = load_model(self.model_path, self.dtype, self.device, quantization)
         self.context_len = self.model_config.context_len
         if context_length is not None:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .config import ModelConfig, ModelLoadError
+from .gguf_families import family_config
 
 GGUF_MAGIC = b"GGUF"
 
@@ -47,6 +48,13 @@ class GGUFArchitecture:
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "llama": GGUFArchitecture("LlamaForCausalLM", rope_interleaved=True),
     "qwen2": GGUFArchitecture("Qwen2ForCausalLM", rope_interleaved=False, qkv_bias_always=True),
+    # the families of models.gguf_families (which reads their metadata); llama with experts is Mixtral
+    "qwen3": GGUFArchitecture("Qwen3ForCausalLM", rope_interleaved=False),
+    "qwen2moe": GGUFArchitecture("Qwen2MoeForCausalLM", rope_interleaved=False, qkv_bias_always=True),
+    "qwen3moe": GGUFArchitecture("Qwen3MoeForCausalLM", rope_interleaved=False),
+    "gemma2": GGUFArchitecture("Gemma2ForCausalLM", rope_interleaved=False),
+    "gemma3": GGUFArchitecture("Gemma3ForCausalLM", rope_interleaved=False),
+    "phi3": GGUFArchitecture("Phi3ForCausalLM", rope_interleaved=False),
 }
 
 
@@ -138,7 +146,9 @@ class GGUFFile:
             if len(set(kv_heads)) != 1:
                 raise ModelLoadError(f"{self.path}: per-layer attention.head_count_kv {kv_heads} is not supported")
             kv_heads = kv_heads[0]
-        head_dim = self.get("attention.key_length") or self.get("rope.dimension_count") or hidden // heads
+        # llama.cpp: the head width is attention.key_length, else hidden / heads; rope.dimension_count
+        # is the rotated part of it (models.gguf_families reads a partial rotary where a family has one)
+        head_dim = self.get("attention.key_length") or hidden // heads
         vocab = self.get("vocab_size") or len(self.metadata.get("tokenizer.ggml.tokens") or []) or self.tensor("token_embd.weight").shape[0]
         cfg: dict[str, Any] = {
             "architectures": [arch.hf_architecture],
@@ -170,6 +180,7 @@ class GGUFFile:
         if self.get("attention.sliding_window"):
             cfg["sliding_window"] = int(self.get("attention.sliding_window"))
             cfg["use_sliding_window"] = True
+        family_config(self, cfg)
         return cfg
 
     def eos_token_ids(self) -> list[int]:

@@ -1,4 +1,4 @@
-"""GGUF file -> ``LlamaForCausalLM`` with its weights in their encoding (no transformers, no conversion).
+"""GGUF file -> ``LlamaForCausalLM`` (any family of ``gguf_file.GGUF_ARCHITECTURES``) with its weights in their encoding (no transformers, no conversion).
 
     model = load_gguf_model("model.gguf", torch.float32, torch.device("cpu"))
 
@@ -7,6 +7,14 @@ stack into ``qkv_proj``, ``ffn_gate``/``ffn_up`` into ``gate_up_proj``. A quanti
 a ``layers.ggml_quants.QuantizedWeight`` (a ``StackedWeight`` where fused parts differ in type, as
 Q4_K_M files mix Q4_K and Q6_K); F32 / F16 matrices become float tensors in ``dtype`` and BF16
 ones stay bfloat16 (``layers.cpu_linear`` multiplies both); norms are float tensors in ``dtype``.
+
+The other families' tensors map the same way: Phi-3's ``attn_qkv`` and ``ffn_up`` (gate and up)
+are fused already; ``attn_q_norm`` / ``attn_k_norm`` are the per-head q/k norms; Gemma's
+``post_attention_norm``, ``ffn_norm`` and ``post_ffw_norm`` are its sandwich norms (stored as
+1 + w by the converter, as formcast stores them); ``ffn_gate_inp`` is the router and
+``ffn_{gate,up,down}_exps`` the experts stacked per layer [E, N, K] (float: one tensor; quantized:
+a list of per-expert matrices), ``*_shexp`` Qwen2-MoE's shared expert. ``models.gguf_families``
+reads the families' metadata.
 
 Architectures whose GGUF rotates adjacent pairs (``GGUFArchitecture.rope_interleaved``: llama)
 had their q / k rows permuted by llama.cpp's converter; the rows are put back in rotate-half order
@@ -26,10 +34,10 @@ import torch
 from torch import nn
 
 from ..layers.ggml_quants import QUANT_TYPES, QuantizedWeight, StackedWeight
-from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig, ModelLoadError
 from .gguf_file import GGUFFile, GGUFTensor
 from .llama import LlamaForCausalLM
+from .loader import attach_rotary
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 SUPPORTED_TYPES = frozenset(QUANT_TYPES + FLOAT_TYPES)
@@ -63,7 +71,7 @@ def load_gguf_model(path: str | os.PathLike[str], dtype: torch.dtype, device: to
         for dotted, value in named.items():
             owner, _, name = dotted.rpartition(".")
             put_weight(layer.get_submodule(owner), name, value)
-    model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.context_len, dtype, device)
+    attach_rotary(model, cfg, dtype, device)
     return model.eval()
 
 
@@ -80,21 +88,61 @@ def put_weight(module: nn.Module, name: str, value: Weight) -> None:
 def _layer_weights(w: _Weights, cfg: ModelConfig, i: int) -> dict[str, Weight]:
     p = f"blk.{i}."
     q_rows, k_rows = w.rope_rows(cfg.num_heads), w.rope_rows(cfg.num_kv_heads)
+    if w.has(p + "attn_qkv.weight"):  # Phi-3 keeps q, k and v fused
+        qkv = w.matrix(p + "attn_qkv.weight")
+    else:
+        qkv = w.stack([w.matrix(p + "attn_q.weight", q_rows), w.matrix(p + "attn_k.weight", k_rows), w.matrix(p + "attn_v.weight")])
     out: dict[str, Weight] = {
-        "self_attn.qkv_proj": w.stack([w.matrix(p + "attn_q.weight", q_rows), w.matrix(p + "attn_k.weight", k_rows),
-                                       w.matrix(p + "attn_v.weight")]),
+        "self_attn.qkv_proj": qkv,
         "self_attn.o_proj": w.matrix(p + "attn_output.weight"),
-        "mlp.gate_up_proj": w.stack([w.matrix(p + "ffn_gate.weight"), w.matrix(p + "ffn_up.weight")]),
-        "mlp.down_proj": w.matrix(p + "ffn_down.weight"),
         "input_layernorm.weight": w.vector(p + "attn_norm.weight"),
-        "post_attention_layernorm.weight": w.vector(p + "ffn_norm.weight"),
-    }  # fmt: skip
+    }
+    # Gemma's sandwich: post_attention_norm after attention, ffn_norm before the MLP, post_ffw_norm
+    # after it; elsewhere ffn_norm is the MLP's input norm (formcast's post_attention_layernorm).
+    if cfg.sandwich_norm:
+        out["post_attention_layernorm.weight"] = w.vector(p + "post_attention_norm.weight")
+        out["pre_feedforward_layernorm.weight"] = w.vector(p + "ffn_norm.weight")
+        out["post_feedforward_layernorm.weight"] = w.vector(p + "post_ffw_norm.weight")
+    else:
+        out["post_attention_layernorm.weight"] = w.vector(p + "ffn_norm.weight")
+    if cfg.qk_norm is not None:
+        out["self_attn.q_norm.weight"] = w.vector(p + "attn_q_norm.weight")
+        out["self_attn.k_norm.weight"] = w.vector(p + "attn_k_norm.weight")
+    if cfg.moe is not None and cfg.moe.sparse_layers[i]:
+        out.update(_expert_weights(w, p))
+    else:
+        out.update(_mlp_weights(w, p, "", "mlp."))
     if cfg.qkv_bias:
         out["self_attn.qkv_bias"] = torch.cat(
             [w.vector(p + "attn_q.bias", q_rows), w.vector(p + "attn_k.bias", k_rows), w.vector(p + "attn_v.bias")]
         )
     if cfg.o_bias:
         out["self_attn.o_bias"] = w.vector(p + "attn_output.bias")
+    return out
+
+
+def _mlp_weights(w: _Weights, p: str, suffix: str, into: str) -> dict[str, Weight]:
+    """A gated MLP (``suffix`` "_shexp": Qwen2-MoE's shared expert); Phi-3's ``ffn_up`` holds
+    gate and up fused, as its checkpoint does."""
+    if w.has(f"{p}ffn_gate{suffix}.weight"):
+        gate_up = w.stack([w.matrix(f"{p}ffn_gate{suffix}.weight"), w.matrix(f"{p}ffn_up{suffix}.weight")])
+    else:
+        gate_up = w.matrix(f"{p}ffn_up{suffix}.weight")
+    return {into + "gate_up_proj": gate_up, into + "down_proj": w.matrix(f"{p}ffn_down{suffix}.weight")}
+
+
+def _expert_weights(w: _Weights, p: str) -> dict[str, Weight]:
+    """Experts stacked per layer (``ffn_{gate,up,down}_exps`` [E, N, K]) into the layout of
+    ``models.moe``: float tensors [E, N, K], or per expert a list of quantized matrices."""
+    gate, up, down = (w.experts(f"{p}ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+    if isinstance(gate, torch.Tensor) and isinstance(up, torch.Tensor) and gate.dtype == up.dtype:
+        gate_up: Any = torch.cat([gate, up], dim=1)
+    else:
+        gate_up = [w.stack([g, u]) for g, u in zip(gate, up)]
+    out: dict[str, Weight] = {"mlp.gate": w.dense(p + "ffn_gate_inp.weight"), "mlp.gate_up_proj": gate_up, "mlp.down_proj": down}
+    if w.has(p + "ffn_up_shexp.weight"):
+        out.update(_mlp_weights(w, p, "_shexp", "mlp.shared_expert."))
+        out["mlp.shared_expert_gate"] = w.dense(p + "ffn_gate_inp_shexp.weight").reshape(1, -1)
     return out
 
 
@@ -108,6 +156,28 @@ class _Weights:
             return None
         hd = self.cfg.head_dim
         return np.arange(heads * hd).reshape(heads, hd // 2, 2).transpose(0, 2, 1).reshape(-1)
+
+    def has(self, name: str) -> bool:
+        return name in self.gf.tensors
+
+    def dense(self, name: str) -> torch.Tensor:
+        """A float tensor of any rank (a router: its logits pick experts, so it stays unquantized)."""
+        t = self.gf.tensor(name)
+        if t.ggml_type not in FLOAT_TYPES:
+            raise ModelLoadError(f"{self.gf.path}: tensor {name!r} has type {t.ggml_type}; formcast needs it F32, F16 or BF16")
+        return self._float(t).to(self.dtype)
+
+    def experts(self, name: str) -> Weight:
+        """[E, N, K] expert matrices: a float tensor, or a list of E quantized matrices."""
+        t = self._get(name, 3)
+        if t.ggml_type in FLOAT_TYPES:
+            m = self._float(t)
+            return m if t.ggml_type == "BF16" else m.to(self.dtype)
+        data = np.asarray(t.data)
+        try:
+            return [QuantizedWeight.from_gguf(t.ggml_type, data[e], t.shape[1:]) for e in range(t.shape[0])]
+        except (ValueError, TypeError) as exc:
+            raise ModelLoadError(f"{self.gf.path}: tensor {name!r} ({t.ggml_type}, shape {list(t.shape)}): {exc}") from None
 
     def _get(self, name: str, ndim: int) -> GGUFTensor:
         t = self.gf.tensor(name)

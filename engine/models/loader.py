@@ -11,10 +11,13 @@ store projections fused already (Phi-3's ``qkv_proj`` and ``gate_up_proj``, stac
 taken as they are; per-expert tensors (``experts.{e}.gate_proj`` / Mixtral's ``w1 w3 w2``) are
 stacked. Gemma's norms scale by (1 + w): the loader stores 1 + w, so one RMSNorm serves all.
 
-``dtype="auto"`` picks a half-precision type where the hardware multiplies it fast: bfloat16 on
-GPUs that support it (else float16); on the CPU, bfloat16 when a quick matrix-vector timing at
-load shows it clearly faster than float32 (decode is bound by reading weights, and half the bytes
-pays only where the CPU converts bfloat16 cheaply), else float32.
+``dtype="auto"`` keeps the dtype the checkpoint declares (``torch_dtype`` / ``dtype`` in
+config.json) where the device runs it fast (``auto_dtype``): on GPUs half precision (bfloat16
+where supported); on the CPU a float32 checkpoint stays float32, a bfloat16 one runs in bfloat16
+when a quick matrix-vector timing at load shows it clearly faster than float32 (decode is bound by
+reading weights, and half the bytes pays only where the CPU converts bfloat16 cheaply), else in
+float32, and a float16 one runs in float32. GGUF files compute in float32 (their weights stay in
+the file's encoding).
 """
 
 from __future__ import annotations
@@ -49,9 +52,12 @@ _DTYPES = {
 AUTO_BF16_MIN_SPEEDUP = 1.3
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device, quantized: bool = False) -> torch.dtype:
+def resolve_dtype(
+    dtype: str | torch.dtype, device: torch.device, quantized: bool = False, declared: str | None = None
+) -> torch.dtype:
     """``quantized``: the weights stay in ggml block formats, whose kernels compute in float32,
-    so ``"auto"`` is float32 there."""
+    so ``"auto"`` is float32 there. ``declared``: the checkpoint's ``torch_dtype`` / ``dtype``,
+    which ``"auto"`` keeps where the device runs it fast (``auto_dtype``)."""
     if quantized and dtype == "auto":
         return torch.float32
     if isinstance(dtype, torch.dtype):
@@ -59,12 +65,31 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device, quantized: boo
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
         return dtype
     if dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if cpu_bf16_speedup() >= AUTO_BF16_MIN_SPEEDUP else torch.float32
+        return auto_dtype(declared, device)
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
     return _DTYPES[dtype]
+
+
+def auto_dtype(declared: str | None, device: torch.device) -> torch.dtype:
+    """The checkpoint's dtype where the device runs it fast, else the nearest one it does.
+
+    CUDA: bfloat16 checkpoints run in bfloat16 (float16 where the GPU lacks it), float16 ones in
+    float16, float32 and undeclared ones in bfloat16 / float16 (GPUs multiply half precision
+    many times faster). CPU: float32 checkpoints stay float32 (no timing probe at all); bfloat16
+    and undeclared ones run in bfloat16 only where the load-time probe shows it clearly faster,
+    else in float32; float16 ones run in float32: torch's CPU matmuls widen float16 element by
+    element (slower than float32 on CPUs without native float16 arithmetic), and widening is
+    exact, where narrowing to bfloat16 would drop three mantissa bits of every weight.
+    """
+    want = _DTYPES.get(str(declared).removeprefix("torch.")) if declared else None
+    if device.type == "cuda":
+        if want == torch.float16:
+            return torch.float16
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if want in (torch.float32, torch.float16):
+        return torch.float32
+    return torch.bfloat16 if cpu_bf16_speedup() >= AUTO_BF16_MIN_SPEEDUP else torch.float32
 
 
 @functools.lru_cache(maxsize=1)
@@ -152,11 +177,16 @@ def _load_folder(folder: Path, dtype: torch.dtype, device: torch.device) -> Llam
         model.lm_head = model.embed_tokens
     else:
         put(model, "lm_head", tensors.get("lm_head.weight"))
+    attach_rotary(model, cfg, dtype, device)
+    return model.eval()
+
+
+def attach_rotary(model: LlamaForCausalLM, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    """The RoPE tables of ``cfg`` on ``model`` (every format's loader calls this once)."""
     rotary_dim = cfg.rotary_dim or cfg.head_dim
     model.rotary = RotaryEmbedding(cfg.rope, rotary_dim, cfg.context_len, dtype, device)
     if cfg.local_rope is not None and cfg.local_rope != cfg.rope:
         model.rotary_local = RotaryEmbedding(cfg.local_rope, rotary_dim, cfg.context_len, dtype, device)
-    return model.eval()
 
 
 def _norm(cfg: ModelConfig, weight: torch.Tensor) -> torch.Tensor:
