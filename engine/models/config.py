@@ -109,6 +109,10 @@ class ModelConfig:
     local_rope: RopeConfig | None = None  # Gemma 3: the sliding layers' RoPE
     rotary_dim: int | None = None  # partial rotary (Phi-4 mini); None = head_dim
     moe: MoeConfig | None = None
+    # GGUF files: attention at llama.cpp's precision (Q, K, V and the softmax probabilities rounded
+    # to float16, as its CPU backend does with its default f16 KV cache), so that greedy outputs
+    # follow the reference implementation of the format (see layers.attention).
+    f16_attention: bool = False
 
     @property
     def context_len(self) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +182,7 @@ class GGUFFile:
         return ids
 
     def model_config(self) -> ModelConfig:
-        return ModelConfig.from_dict(self.config_dict())
+        return replace(ModelConfig.from_dict(self.config_dict()), f16_attention=True)
 
 
 # --------------------------------------------------------------------------- the binary format
