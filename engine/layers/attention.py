@@ -33,7 +33,7 @@ SDPA cannot). Every layer keeps every token's K and V in the pool, so the prefix
 chunked prefill work unchanged; a windowed layer only reads fewer of them. The metadata of each
 (window, soft-capped) variant is built once per forward, on first use, and shared by the layers.
 
-float16 attention (``TorchAttention(f16=True)``, GGUF models): llama.cpp's CPU backend keeps K and
+float16 attention (``TorchAttention(f16=True)``, GGUF models with ``FORMCAST_GGML_NUMERICS=1``): llama.cpp's CPU backend keeps K and
 V in float16 and converts Q and the softmax probabilities to float16 for its two products, which
 moves a SmolLM2 layer's output by ~1% of its range, and through the activations' 8-bit blocks,
 greedy tokens. So K, V and Q are rounded to float16 values (the pool stays float32) and the

@@ -6,7 +6,7 @@ every position, in float32 as ``transformers`` computes them, so a lookup replac
 trigonometry. A partial rotary (``rotary_dim`` < head_dim, Phi-4 mini) rotates the first
 ``rotary_dim`` channels of each head and passes the rest through.
 
-``ggml=True`` (GGUF models, unscaled RoPE) tabulates the angles as llama.cpp does instead: position
+``ggml=True`` (GGUF models with ``ModelConfig.ggml_numerics``, unscaled RoPE) tabulates the angles as llama.cpp does instead: position
 times theta ** (-2 / dim) raised by repeated float32 multiplication, cos/sin rounded once from
 double. transformers' table differs by up to ~1e-5 in the angles, enough to flip the float16
 rounding of llama.cpp's attention (``layers.attention``) on some elements."""

@@ -109,10 +109,9 @@ class ModelConfig:
     local_rope: RopeConfig | None = None  # Gemma 3: the sliding layers' RoPE
     rotary_dim: int | None = None  # partial rotary (Phi-4 mini); None = head_dim
     moe: MoeConfig | None = None
-    # GGUF files: attention at llama.cpp's precision (Q, K, V and the softmax probabilities rounded
-    # to float16, as its CPU backend does with its default f16 KV cache), so that greedy outputs
-    # follow the reference implementation of the format (see layers.attention).
-    f16_attention: bool = False
+    # llama.cpp's numerics outside the matrix products (GGUF files, opt-in: FORMCAST_GGML_NUMERICS=1):
+    # attention at float16 (layers.attention) and RoPE angles tabulated its way (layers.rotary).
+    ggml_numerics: bool = False
 
     @property
     def context_len(self) -> int:

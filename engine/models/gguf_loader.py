@@ -63,7 +63,7 @@ def load_gguf_model(path: str | os.PathLike[str], dtype: torch.dtype, device: to
         for dotted, value in named.items():
             owner, _, name = dotted.rpartition(".")
             put_weight(layer.get_submodule(owner), name, value)
-    model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.context_len, dtype, device, ggml=True)
+    model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.context_len, dtype, device, ggml=cfg.ggml_numerics)
     return model.eval()
 
 
