@@ -136,6 +136,20 @@ def test_matmul_is_the_format_dot_product(encoded, rows):
     np.testing.assert_allclose(got, expected, rtol=0, atol=tol * np.abs(expected).max())
 
 
+def test_prefill_path_gives_each_row_the_loop_numbers(encoded):
+    """Beyond MAX_QUANT_ROWS rows the float GEMM must give what the integer loop gives a row alone:
+    for Q4_1 / Q5_1 that means Q8_1's fp16-rounded block sums in the minimum term (llama.cpp's),
+    not the exact sums (a 2**-11 relative difference in that term)."""
+    type_name, raw, _ = encoded
+    weight = gq.QuantizedWeight.from_gguf(type_name, raw, (N, K))
+    rng = np.random.default_rng(3)
+    rows = gq.MAX_QUANT_ROWS + 4
+    x = torch.from_numpy((rng.standard_normal((rows, K)) + 0.5).astype(np.float32))  # nonzero block sums
+    got = weight.matmul(x).numpy()
+    loop = np.concatenate([weight.matmul(x[i : i + 4]).numpy() for i in range(0, rows, 4)])
+    np.testing.assert_allclose(got, loop, rtol=0, atol=2e-6 * np.abs(loop).max())
+
+
 def test_stacked_and_reordered_weights():
     rng = np.random.default_rng(11)
     a_raw = gguf.quants.quantize(rng.standard_normal((8, 256)).astype(np.float32), T.Q4_1)

@@ -33,6 +33,13 @@ SDPA cannot). Every layer keeps every token's K and V in the pool, so the prefix
 chunked prefill work unchanged; a windowed layer only reads fewer of them. The metadata of each
 (window, soft-capped) variant is built once per forward, on first use, and shared by the layers.
 
+float16 attention (``TorchAttention(f16=True)``, GGUF models with ``FORMCAST_GGML_NUMERICS=1``): llama.cpp's CPU backend keeps K and
+V in float16 and converts Q and the softmax probabilities to float16 for its two products, which
+moves a SmolLM2 layer's output by ~1% of its range, and through the activations' 8-bit blocks,
+greedy tokens. So K, V and Q are rounded to float16 values (the pool stays float32) and the
+probabilities too, normalized, before they weight V (a variant of the decode kernel, and the
+spelled-out path instead of SDPA for extend rows).
+
 Padding points at slot 0, which the pool keeps zeroed, and is masked out: a padded key never
 contributes, and never reads a freed slot whose contents may be anything.
 
@@ -160,8 +167,10 @@ class TorchAttention:
     """The attention backend: SDPA over gathered K/V, and a paged decode kernel where one applies
     (``use_paged_kernel``; default: numba on a float32 CPU pool, Triton on CUDA)."""
 
-    def __init__(self, use_paged_kernel: bool | None = None, batch_invariant: bool = True) -> None:
+    def __init__(self, use_paged_kernel: bool | None = None, batch_invariant: bool = True, f16: bool = False) -> None:
         self.use_paged_kernel = use_paged_kernel
+        # llama.cpp's precision (GGUF models): see "float16 attention" in the module docstring.
+        self.f16 = f16
         # SDPA over a padded block rounds differently from SDPA over the real keys (measured in
         # float16), so the invariant reference path groups only queries of equal length.
         self.batch_invariant = batch_invariant
@@ -267,32 +276,35 @@ class TorchAttention:
         ``window``: keys seen per query (None: all); ``scale``: of the scores (None: d ** -0.5);
         ``softcap``: scores become softcap * tanh(scores / softcap) before the softmax."""
         pool = batch.token_to_kv_pool
+        if self.f16:
+            q, k, v = _round_f16(q), _round_f16(k), _round_f16(v)
         pool.set_kv(layer, batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.k_buffer[layer], pool.v_buffer[layer]
         meta = self._metadata(batch, window, softcap)
         out = torch.empty_like(q)
         heads, dim = q.shape[1], q.shape[2]
         if meta.paged_decode is not None:
-            self._paged_decode_forward(q, k_buf, v_buf, meta.paged_decode, out, scale)
+            self._paged_decode_forward(q, k_buf, v_buf, meta.paged_decode, out, scale, self.f16)
         for g in meta.decode_groups:
             b = g.token_index.numel()
             qg = q.index_select(0, g.token_index).view(b, heads, 1, dim)
             kg = k_buf.index_select(0, g.kv_index).view(b, g.max_len, -1, dim).transpose(1, 2)
             vg = v_buf.index_select(0, g.kv_index).view(b, g.max_len, -1, dim).transpose(1, 2)
-            og = _attend(qg, kg, vg, g.mask, False, scale, softcap)
+            og = _attend(qg, kg, vg, g.mask, False, scale, softcap, self.f16)
             out.index_copy_(0, g.token_index, og.view(b, heads, dim))
         for row in meta.extend_rows:
             qr = q[row.q_start : row.q_start + row.q_len].transpose(0, 1).unsqueeze(0)
             kr = k_buf.index_select(0, row.kv_index).transpose(0, 1).unsqueeze(0)
             vr = v_buf.index_select(0, row.kv_index).transpose(0, 1).unsqueeze(0)
-            orow = _attend(qr, kr, vr, row.mask, row.mask is None, scale, softcap)
+            orow = _attend(qr, kr, vr, row.mask, row.mask is None, scale, softcap, self.f16)
             out[row.q_start : row.q_start + row.q_len] = orow[0].transpose(0, 1)
         return out
 
     @staticmethod
     def _paged_decode_forward(
-        q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pd: PagedDecode, out: torch.Tensor, scale: float | None = None
-    ) -> None:
+        q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pd: PagedDecode, out: torch.Tensor,
+        scale: float | None = None, f16: bool = False,
+    ) -> None:  # fmt: skip
         heads, dim, kv_heads = q.shape[1], q.shape[2], k_buf.shape[1]
         qd = (q if pd.token_index is None else q.index_select(0, pd.token_index)).contiguous()
         od = out if pd.token_index is None else torch.empty_like(qd)
@@ -305,7 +317,7 @@ class TorchAttention:
             rows = (lambda t: t.view(-1, dim).view(torch.uint16)) if bf16 else (lambda t: t.view(-1, dim))  # noqa: E731
             q32 = qd.float() if qd.dtype != torch.float32 else qd
             o32 = od if od.dtype == torch.float32 else torch.empty_like(q32)
-            cpu_decode_attention.kernel_for(dim, heads // kv_heads, bf16)(
+            cpu_decode_attention.kernel_for(dim, heads // kv_heads, bf16, f16)(
                 q32.numpy(), rows(k_buf).numpy(), rows(v_buf).numpy(), pd.kv_index.numpy(),
                 pd.kv_start.numpy(), pd.kv_len.numpy(), o32.numpy(), np.float32(dim**-0.5 if scale is None else scale), kv_heads,
             )  # fmt: skip
@@ -324,21 +336,29 @@ def _visible(seq_len: int, window: int | None) -> tuple[int, int]:
 
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
-    scale: float | None, softcap: float | None,
+    scale: float | None, softcap: float | None, f16: bool = False,
 ) -> torch.Tensor:  # fmt: skip
-    """SDPA over [b, heads, Lq, d] x [b, kv_heads, S, d]; with ``softcap``, the same math spelled
-    out (a causal mask aligned so the last query sees every key)."""
-    if softcap is None:
+    """SDPA over [b, heads, Lq, d] x [b, kv_heads, S, d]; with ``softcap`` or ``f16`` (the
+    probabilities rounded to float16 before they weight V), the same math spelled out (a causal
+    mask aligned so the last query sees every key)."""
+    if softcap is None and not f16:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True, scale=scale)
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if causal:
         lq, s = q.shape[2], k.shape[2]
         mask = torch.arange(s, device=q.device).unsqueeze(0) <= torch.arange(s - lq, s, device=q.device).unsqueeze(1)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    probs = torch.softmax(scores.float(), dim=-1)
+    probs = _round_f16(probs) if f16 else probs.to(q.dtype)
     return torch.matmul(probs, v)
+
+
+def _round_f16(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded to float16 values, kept in its dtype."""
+    return x.to(torch.float16).to(x.dtype)

@@ -21,6 +21,8 @@ import numpy as np
 
 try:  # numba is a dependency; keep the engine importable (torch path) if its install is broken
     from numba import njit, prange
+
+    from .ggml_quants import _round_half
 except ImportError:  # pragma: no cover
     njit = None
 
@@ -31,9 +33,10 @@ def available() -> bool:
     return njit is not None
 
 
-def _build(dim: int, lanes: int, bf16: bool):  # type: ignore[no-untyped-def]
+def _build(dim: int, lanes: int, bf16: bool, f16_probs: bool = False):  # type: ignore[no-untyped-def]
     """The kernel for ``head_dim == dim`` with ``lanes`` query heads per task, over a float32 or
-    (``bf16``) bfloat16 cache. All three are compile-time constants: the inner loops over ``dim``
+    (``bf16``) bfloat16 cache; ``f16_probs``: the probabilities are normalized and rounded to
+    float16 before they weight V (llama.cpp's precision). All are compile-time constants: the inner loops over ``dim``
     vectorize (measured 1.6x faster than a runtime trip count, at memory-copy speed), unused lanes
     fold away, and a bfloat16 row is widened to float32 (the top half of its bits) in a small
     buffer as it is read, so the cache is read at half the bytes."""
@@ -91,6 +94,11 @@ def _build(dim: int, lanes: int, bf16: bool):  # type: ignore[no-untyped-def]
             totals = np.ones(4, dtype=np.float32)
             for i in range(lanes):
                 totals[i] = _softmax_in_place(s[i])
+                if f16_probs:
+                    inv = np.float32(1.0) / totals[i]
+                    for j in range(n):
+                        s[i, j] = _round_half(s[i, j] * inv)
+                    totals[i] = np.float32(1.0)
             o = np.zeros((4, dim), dtype=np.float32)
             o0, o1, o2, o3 = o[0], o[1], o[2], o[3]
             for j in range(n):
@@ -141,11 +149,11 @@ if njit is not None:
     _KERNELS: dict = {}
 
 
-def kernel_for(head_dim: int, group: int, bf16: bool = False):  # type: ignore[no-untyped-def]
-    """The compiled kernel for ``head_dim``, ``group`` query heads per KV head and the cache's
-    dtype (built on first use, cached on disk by numba). A bfloat16 cache is passed as its
+def kernel_for(head_dim: int, group: int, bf16: bool = False, f16_probs: bool = False):  # type: ignore[no-untyped-def]
+    """The compiled kernel for ``head_dim``, ``group`` query heads per KV head, the cache's
+    dtype and the probabilities' rounding (built on first use, cached on disk by numba). A bfloat16 cache is passed as its
     ``int16``/``uint16`` view; queries and output stay float32."""
-    key = (head_dim, min(group, LANES), bf16)
+    key = (head_dim, min(group, LANES), bf16, f16_probs)
     kernel = _KERNELS.get(key)
     if kernel is None:
         kernel = _KERNELS[key] = _build(*key)

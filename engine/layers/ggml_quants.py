@@ -378,7 +378,13 @@ class QuantizedWeight:
         x_deq = (xq.reshape(m_rows, -1, block) * xd[..., None]).reshape(m_rows, k_dim)
         if m_rows > MAX_QUANT_ROWS:
             # Long prefills: the same quantized activations, multiplied by torch's GEMM.
-            return F.linear(torch.from_numpy(x_deq), self.dequantize())
+            out_t = F.linear(torch.from_numpy(x_deq), self.dequantize())
+            if self.type_name in _Q8_1_TYPES:
+                # The format's minimum term is m * s with s = fp16(d * sum of codes) (Q8_1), where
+                # the GEMM summed the codes exactly: swap one for the other, as the loop computes it.
+                exact = x_deq.reshape(m_rows, -1, QK).sum(-1, dtype=np.float32)
+                out_t += torch.from_numpy(xs - exact) @ torch.from_numpy(a["m"]).T
+            return out_t
         out = np.empty((m_rows, self.shape[0]), np.float32)
         kind = self.type_name
         if "q" in a:

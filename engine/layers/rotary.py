@@ -4,13 +4,19 @@ blend between) and Phi-3's ``longrope``/``su`` (per-frequency divisors, cos/sin 
 attention factor; the short table, see ``ModelConfig.context_len``). cos/sin are tabulated once for
 every position, in float32 as ``transformers`` computes them, so a lookup replaces per-step
 trigonometry. A partial rotary (``rotary_dim`` < head_dim, Phi-4 mini) rotates the first
-``rotary_dim`` channels of each head and passes the rest through."""
+``rotary_dim`` channels of each head and passes the rest through.
+
+``ggml=True`` (GGUF models with ``ModelConfig.ggml_numerics``, unscaled RoPE) tabulates the angles as llama.cpp does instead: position
+times theta ** (-2 / dim) raised by repeated float32 multiplication, cos/sin rounded once from
+double. transformers' table differs by up to ~1e-5 in the angles, enough to flip the float16
+rounding of llama.cpp's attention (``layers.attention``) on some elements."""
 
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:  # the layer reads the settings; models/config.py parses them (and imports this)
@@ -45,14 +51,22 @@ def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig, max_positions: int)
 class RotaryEmbedding:
     """``apply(x, positions)`` rotates ``x`` [T, heads, head_dim] in place of a copy."""
 
-    def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
-        """``head_dim``: the rotated channels per head (``rotary_dim`` for a partial rotary)."""
-        inv_freq = rope_inverse_frequencies(rope, head_dim, max_positions)
-        freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        scale = rope.attention_factor if rope.attention_factor is not None else 1.0
-        self.cos = (emb.cos() * scale).to(device=device, dtype=dtype)  # [P, head_dim]
-        self.sin = (emb.sin() * scale).to(device=device, dtype=dtype)
+    def __init__(
+        self, rope: RopeConfig, head_dim: int, max_positions: int, dtype: torch.dtype, device: torch.device, ggml: bool = False
+    ) -> None:
+        """``head_dim``: the rotated channels per head (``rotary_dim`` for a partial rotary);
+        ``ggml``: llama.cpp's angles (see the module docstring)."""
+        if ggml and rope.type == "default" and rope.attention_factor is None:
+            emb = _ggml_angles(rope.theta, head_dim, max_positions).double()
+            self.cos = emb.cos().float().to(device=device, dtype=dtype)
+            self.sin = emb.sin().float().to(device=device, dtype=dtype)
+        else:
+            inv_freq = rope_inverse_frequencies(rope, head_dim, max_positions)
+            freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            scale = rope.attention_factor if rope.attention_factor is not None else 1.0
+            self.cos = (emb.cos() * scale).to(device=device, dtype=dtype)  # [P, head_dim]
+            self.sin = (emb.sin() * scale).to(device=device, dtype=dtype)
         self.half = head_dim // 2
         self.dim = head_dim
 
@@ -66,3 +80,13 @@ class RotaryEmbedding:
         x1, x2 = x[..., : self.half], x[..., self.half :]
         rotated = torch.cat((-x2, x1), dim=-1)
         return x * cos + rotated * sin
+
+
+def _ggml_angles(theta: float, head_dim: int, max_positions: int) -> torch.Tensor:
+    """[P, head_dim] float32 angles, each frequency's the previous one's times the ratio."""
+    ratio = torch.tensor(float(np.power(np.float32(theta), np.float32(-2.0 / head_dim))), dtype=torch.float32)
+    cols = [torch.arange(max_positions, dtype=torch.int64).float()]
+    for _ in range(head_dim // 2 - 1):
+        cols.append(cols[-1] * ratio)
+    angles = torch.stack(cols, dim=1)
+    return torch.cat((angles, angles), dim=-1)

@@ -82,7 +82,7 @@ class ModelRunner:
         self.token_to_kv_pool = TokenToKVPool(
             max_total_tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device
         )
-        self.attn_backend = TorchAttention()
+        self.attn_backend = TorchAttention(f16=cfg.ggml_numerics)
         cpu_decode_attention.set_threads(torch.get_num_threads())
         self.sampler = Sampler()
 

@@ -109,6 +109,9 @@ class ModelConfig:
     local_rope: RopeConfig | None = None  # Gemma 3: the sliding layers' RoPE
     rotary_dim: int | None = None  # partial rotary (Phi-4 mini); None = head_dim
     moe: MoeConfig | None = None
+    # llama.cpp's numerics outside the matrix products (GGUF files, opt-in: FORMCAST_GGML_NUMERICS=1):
+    # attention at float16 (layers.attention) and RoPE angles tabulated its way (layers.rotary).
+    ggml_numerics: bool = False
 
     @property
     def context_len(self) -> int:

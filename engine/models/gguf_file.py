@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +193,10 @@ class GGUFFile:
         return ids
 
     def model_config(self) -> ModelConfig:
-        return ModelConfig.from_dict(self.config_dict())
+        # Off by default: it moves the logits ~1e-3 away from the same weights run as an HF folder,
+        # and has not yet shown more greedy agreement with llama.cpp on SmolLM2 (BENCHMARKS.md).
+        ggml = os.environ.get(GGML_NUMERICS_ENV, "") not in ("", "0")
+        return replace(ModelConfig.from_dict(self.config_dict()), ggml_numerics=ggml)
 
 
 # --------------------------------------------------------------------------- the binary format
@@ -205,6 +208,9 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32, 7: np.bool_,
           10: np.uint64, 11: np.int64, 12: np.float64}  # fmt: skip
 _STRING, _ARRAY = 8, 9
+
+
+GGML_NUMERICS_ENV = "FORMCAST_GGML_NUMERICS"
 
 
 class _Truncated(Exception):

@@ -184,9 +184,10 @@ def _load_folder(folder: Path, dtype: torch.dtype, device: torch.device) -> Llam
 def attach_rotary(model: LlamaForCausalLM, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
     """The RoPE tables of ``cfg`` on ``model`` (every format's loader calls this once)."""
     rotary_dim = cfg.rotary_dim or cfg.head_dim
-    model.rotary = RotaryEmbedding(cfg.rope, rotary_dim, cfg.context_len, dtype, device)
+    ggml = cfg.ggml_numerics  # llama.cpp's way of building the angles (opt-in, GGUF files)
+    model.rotary = RotaryEmbedding(cfg.rope, rotary_dim, cfg.context_len, dtype, device, ggml=ggml)
     if cfg.local_rope is not None and cfg.local_rope != cfg.rope:
-        model.rotary_local = RotaryEmbedding(cfg.local_rope, rotary_dim, cfg.context_len, dtype, device)
+        model.rotary_local = RotaryEmbedding(cfg.local_rope, rotary_dim, cfg.context_len, dtype, device, ggml=ggml)
 
 
 def _norm(cfg: ModelConfig, weight: torch.Tensor) -> torch.Tensor:
