@@ -47,6 +47,7 @@ from ..model_executor.model_runner import ModelRunner
 from ..sampling_params import InvalidSamplingParams, SamplingParams
 from ..speculative.worker import SpeculativeConfig, build_worker
 from .engine_args import EngineArgs
+from .tool_formats import ToolCallFormat, detect_format
 
 
 # apply_chat_template's own arguments: a caller's template variables may not override them.
@@ -236,6 +237,14 @@ class Engine:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # ------------------------------------------------------------------ introspection
+    @property
+    def tool_call_format(self) -> ToolCallFormat:
+        """The syntax tool calls are constrained and read in: ``tool_call_parser``, else the one
+        the chat template renders, else the model family's (``tool_formats.detect_format``)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        family = getattr(self.runner.model_config, "architecture", None)
+        return detect_format(template if isinstance(template, str) else None, family, self.args.tool_call_parser)
+
     def get_load(self) -> dict[str, int]:
         return self.scheduler.load()
 

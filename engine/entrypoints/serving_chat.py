@@ -44,8 +44,8 @@ from .openai_protocol import (
 )
 from ..constrained.reasoning import ReasoningSplitter, prompt_closes_reasoning
 from .serving import Choice, EngineRun, EventStream, OpenAIServing, clamp_logprob, openai_finish_reason, usage_of, wants_usage
+from .tool_formats import HERMES, ToolCallFormat
 from .tool_calls import (
-    CALL_CLOSE,
     CollectedMessage,
     ParsedArguments,
     ParsedCallStart,
@@ -72,12 +72,14 @@ class PreparedChat:
     mode: ToolMode
     tools: list[dict] | None
     tool_choice: Any
-    stop_after_first_call: bool  # auto + parallel_tool_calls=false: the request stops at </tool_call>
+    stop_after_first_call: bool  # auto + parallel_tool_calls=false: the request stops at the format's close
     reasoning_end: str | None = None  # the engine's reasoning end tag (reasoning_content is split off)
     reasoning_closed: bool = False  # the prompt already closed the reasoning block
+    fmt: ToolCallFormat = HERMES  # the model's tool-call syntax
+    max_calls: int | None = None  # parallel_tool_calls=false: calls after the first are dropped
 
     def parser(self) -> ToolCallParser:
-        return make_parser(self.mode, self.tools, self.tool_choice)
+        return make_parser(self.mode, self.tools, self.tool_choice, self.fmt, self.max_calls)
 
     def splitter(self) -> ReasoningSplitter | None:
         return ReasoningSplitter(self.reasoning_end, done=self.reasoning_closed) if self.reasoning_end else None
@@ -111,6 +113,7 @@ class OpenAIServingChat(OpenAIServing):
         mode = tool_mode(tools, body.get("tool_choice"))
         params = to_sampling_params(body)
         stop_after_first_call = False
+        fmt = self.engine.tool_call_format
         if mode == "auto":
             if params.grammar is not None:
                 raise bad_request(
@@ -118,20 +121,21 @@ class OpenAIServingChat(OpenAIServing):
                     "(use tool_choice 'required' or a named function, or drop the constraint)",
                     param="tool_choice",
                 )
-            params.structural_tag = auto_structural_tag(tools)
-            if not request.parallel_tool_calls:
-                params.stop = [*(params.stop or []), CALL_CLOSE]
+            params.structural_tag = auto_structural_tag(tools, fmt)
+            if not request.parallel_tool_calls and fmt.close is not None:
+                params.stop = [*(params.stop or []), fmt.close]
                 stop_after_first_call = True
-        prompt_ids = self._prompt_ids(request, tools if mode != "none" else None)
+        prompt_ids = self._prompt_ids(request, tools if mode != "none" else None, fmt)
         self.check_context(len(prompt_ids), params, "messages")
         end = self.engine.args.reasoning_end
         closed = end is not None and prompt_closes_reasoning(self.engine.texts.text(prompt_ids[-64:], skip_special_tokens=False), end)
-        return PreparedChat(request, params, prompt_ids, mode, tools, body.get("tool_choice"), stop_after_first_call, end, closed)
+        max_calls = None if request.parallel_tool_calls else 1
+        return PreparedChat(request, params, prompt_ids, mode, tools, body.get("tool_choice"), stop_after_first_call, end, closed, fmt, max_calls)
 
-    def _prompt_ids(self, request: ChatCompletionRequest, tools: list[dict] | None) -> list[int]:
+    def _prompt_ids(self, request: ChatCompletionRequest, tools: list[dict] | None, fmt: ToolCallFormat) -> list[int]:
         plain = [_message_dict(m, i) for i, m in enumerate(request.messages)]
         template = getattr(self.engine.tokenizer, "chat_template", None) or ""
-        rendered, template_tools = prompt_messages(plain, tools, template_renders_tools="tools" in template)
+        rendered, template_tools = prompt_messages(plain, tools, template_renders_tools="tools" in template, fmt=fmt)
         template_kwargs = dict(request.chat_template_kwargs or {})
         if request.reasoning_effort is not None:
             template_kwargs.setdefault("reasoning_effort", request.reasoning_effort)
@@ -232,8 +236,9 @@ class OpenAIServingChat(OpenAIServing):
             thought, text = thought + more_thought, text + more_text
         events = parser.feed(text)
         if finish is not None:
-            if prep.stop_after_first_call and finish.get("matched") == CALL_CLOSE:
-                events += parser.feed(CALL_CLOSE)  # the stop string was cut from the text
+            close = prep.fmt.close
+            if prep.stop_after_first_call and close is not None and finish.get("matched") == close:
+                events += parser.feed(close)  # the stop string was cut from the text
             events += parser.finish()
         return thought, events
 
