@@ -79,6 +79,7 @@ class Engine:
         self.grammar_backend = GrammarBackend(
             self.vocab, num_workers=args.grammar_workers, budget=_budget(args),
             compile_processes=args.grammar_compile_processes, disk=grammar_disk_cache(args),
+            tokenizer=self.tokenizer,
         )
         self.grammar_backend.start_compile_processes()
         self.texts = TokenTexts(self.vocab, self.tokenizer)

@@ -32,10 +32,12 @@ from grammar import GrammarError, GrammarMatcher, TokenVocabulary
 
 from ..constrained.bitmask_filler import fill_grammar_masks
 from ..constrained.grammar_backend import GrammarBackend
+from ..constrained.output_budget import check_output_budget
 from ..constrained.reasoning import prompt_closes_reasoning
 from ..mem_cache.radix_cache import RadixCache
 from ..model_executor.model_runner import ModelRunner
 from ..sampling.sampling_batch_info import make_generator
+from ..sampling_params import InvalidSamplingParams
 from .detokenizer import TokenTexts
 from .io_struct import BatchTokenIDOutput
 from .output_processor import OutputProcessor
@@ -224,8 +226,11 @@ class Scheduler:
                 continue
             req.grammar_future = None
             try:
-                req.grammar = GrammarMatcher(future.result())
-            except GrammarError as exc:
+                compiled = future.result()
+                # The count was taken at compile time; reading it here touches nothing shared.
+                check_output_budget(compiled, req.sampling_params)
+                req.grammar = GrammarMatcher(compiled)
+            except (GrammarError, InvalidSamplingParams) as exc:  # refused, or no output fits the budget
                 self._finish_unscheduled(req, str(exc))
                 continue
             except Exception as exc:  # noqa: BLE001 - a compiler bug aborts this request only
