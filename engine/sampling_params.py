@@ -86,6 +86,11 @@ class SamplingParams:
     top_logprobs_num: int = 0
     logprobs_mode: Literal["processed", "raw"] = "processed"
     return_hidden_states: bool = False
+    # Reasoning models (EngineArgs.reasoning_end): the most tokens the reasoning may take; then
+    # the engine appends the end tag itself and the answer (constrained, if asked) follows. The
+    # reasoning is also closed early enough to leave max_new_tokens room for the shortest answer
+    # the constraint allows. None: no budget of its own.
+    max_reasoning_tokens: int | None = None
     # Mixture-of-experts models: per generated token, the experts each MoE layer chose at the
     # position that produced it (and, with ``return_routed_expert_weights``, their weights).
     return_routed_experts: bool = False
@@ -152,6 +157,8 @@ class SamplingParams:
             raise InvalidSamplingParams(
                 "min_new_tokens", f"{self.min_new_tokens} exceeds max_new_tokens={self.max_new_tokens}"
             )
+        if self.max_reasoning_tokens is not None and (not _is_int(self.max_reasoning_tokens) or self.max_reasoning_tokens < 0):
+            raise InvalidSamplingParams("max_reasoning_tokens", f"must be an integer >= 0, got {self.max_reasoning_tokens!r}")
         if not _is_int(self.n) or self.n < 1:
             raise InvalidSamplingParams("n", f"must be an integer >= 1, got {self.n!r}")
         self._verify_lists(vocab_size)

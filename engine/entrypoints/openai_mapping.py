@@ -55,6 +55,7 @@ _DIRECT_FIELDS = {
     "structural_tag": "structural_tag",
     "grammar_compile_timeout": "grammar_compile_timeout",
     "return_hidden_states": "return_hidden_states",
+    "max_reasoning_tokens": "max_reasoning_tokens",
     "return_routed_experts": "return_routed_experts",
     "return_routed_expert_weights": "return_routed_expert_weights",
 }

@@ -61,6 +61,9 @@ from .tool_calls import (
 
 log = logging.getLogger("formcast.server")
 
+# reasoning_effort -> max_reasoning_tokens, when a request gives no budget of its own.
+REASONING_EFFORT_TOKENS = {"minimal": 32, "low": 256, "medium": 1024, "high": 4096}
+
 
 @dataclass
 class PreparedChat:
@@ -128,6 +131,8 @@ class OpenAIServingChat(OpenAIServing):
         prompt_ids = self._prompt_ids(request, tools if mode != "none" else None, fmt)
         self.check_context(len(prompt_ids), params, "messages")
         end = self.engine.args.reasoning_end
+        if end is not None and params.max_reasoning_tokens is None and request.reasoning_effort is not None:
+            params.max_reasoning_tokens = REASONING_EFFORT_TOKENS[request.reasoning_effort]
         closed = end is not None and prompt_closes_reasoning(self.engine.texts.text(prompt_ids[-64:], skip_special_tokens=False), end)
         max_calls = None if request.parallel_tool_calls else 1
         return PreparedChat(request, params, prompt_ids, mode, tools, body.get("tool_choice"), stop_after_first_call, end, closed, fmt, max_calls)
@@ -151,6 +156,7 @@ class OpenAIServingChat(OpenAIServing):
         parsers = {c.index: prep.parser() for c in run.choices}
         splitters = {c.index: prep.splitter() for c in run.choices}
         reasoning: dict[int, list[str]] = {c.index: [] for c in run.choices}
+        thinking = {c.index: False for c in run.choices}
         messages = {c.index: CollectedMessage() for c in run.choices}
         logprobs: dict[int, list[TokenLogprob]] = {c.index: [] for c in run.choices}
         async with aclosing(run.chunks()) as chunks:
@@ -160,6 +166,8 @@ class OpenAIServingChat(OpenAIServing):
                     raise self.abort_error(finish)
                 thought, events = self._parse(prep, parsers[choice.index], splitters[choice.index], chunk)
                 reasoning[choice.index].append(thought)
+                if finish is not None:
+                    thinking[choice.index] = _still_thinking(splitters[choice.index])
                 messages[choice.index].add(events)
                 logprobs[choice.index] += self._logprobs(prep.params, chunk)
         out = []
@@ -170,7 +178,7 @@ class OpenAIServingChat(OpenAIServing):
             message = AssistantMessage(content=msg.text, tool_calls=calls or None, reasoning_content=thought)
             lp = ChoiceLogprobs(content=logprobs[c.index]) if prep.params.logprobs else None
             hidden = c.hidden_states if prep.params.return_hidden_states else None
-            out.append(ChatChoice(index=c.index, message=message, logprobs=lp, finish_reason=_finish_reason(c, prep.mode, bool(calls)), hidden_states=hidden))
+            out.append(ChatChoice(index=c.index, message=message, logprobs=lp, finish_reason=_finish_reason(c, prep.mode, bool(calls), thinking[c.index]), hidden_states=hidden))
         return ChatCompletionResponse(id=_response_id(), model=self.config.model_name, choices=out, usage=usage_of(run.choices))
 
     # ------------------------------------------------------------------ streamed response
@@ -210,7 +218,8 @@ class OpenAIServingChat(OpenAIServing):
                         lp = ChoiceLogprobs(content=token_logprobs) if k == 0 and prep.params.logprobs else None
                         yield chunk(choice.index, delta, logprobs=lp)
                     if finish is not None:
-                        yield chunk(choice.index, DeltaMessage(), finish_reason=_finish_reason(choice, prep.mode, calls_made[choice.index]))
+                        reason = _finish_reason(choice, prep.mode, calls_made[choice.index], _still_thinking(splitters[choice.index]))
+                        yield chunk(choice.index, DeltaMessage(), finish_reason=reason)
             if wants_usage(prep.request):
                 yield usage_chunk()
         except APIError as exc:
@@ -305,12 +314,21 @@ def _deltas(events: list[ParsedEvent]) -> list[DeltaMessage]:
     return out
 
 
-def _finish_reason(choice: Choice, mode: ToolMode, called: bool) -> str:
+def _finish_reason(choice: Choice, mode: ToolMode, called: bool, thinking: bool = False) -> str:
     """OpenAI's: ``tool_calls`` when ``auto`` or ``required`` produced calls; a named function
-    ends with ``stop`` (as OpenAI answers it), a cut output with ``length``."""
+    ends with ``stop`` (as OpenAI answers it), a cut output with ``length``. An output that ended
+    inside the reasoning (no answer at all) says so: ``reasoning_length`` when max_tokens ran out
+    there, ``reasoning_stop`` when the model ended (EOS, a stop) before closing it."""
     assert choice.finish is not None
     reason = openai_finish_reason(choice.finish)
+    if thinking and reason in ("stop", "length"):
+        return "reasoning_" + reason
     return "tool_calls" if reason == "stop" and called and mode in ("auto", "required") else reason
+
+
+def _still_thinking(splitter: ReasoningSplitter | None) -> bool:
+    """The output ended before the reasoning did (called once the splitter has finished)."""
+    return splitter is not None and not splitter.done
 
 
 

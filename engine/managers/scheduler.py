@@ -170,6 +170,9 @@ class Scheduler:
         req.generator = make_generator(req.sampling_params, self.runner.device)
         future = self.grammar_backend.submit(req.sampling_params)
         if future is None:
+            # Unconstrained: the reasoning is only watched when it has a budget to enforce.
+            if req.sampling_params.max_reasoning_tokens is not None:
+                req.reasoning_done = self._reasoning_closed_in_prompt(req)
             self.waiting.append(req)
         else:
             req.grammar_future = future
@@ -237,11 +240,14 @@ class Scheduler:
                 log.exception("grammar compilation crashed")
                 self._finish_unscheduled(req, f"internal error compiling the constraint: {exc!r}")
                 continue
-            end = self.config.reasoning_end
-            # A template that closed the think block in the prompt leaves no reasoning to wait for.
-            req.reasoning_done = end is None or prompt_closes_reasoning(self.texts.text(req.origin_input_ids[-64:], skip_special_tokens=False), end)
+            req.reasoning_done = self._reasoning_closed_in_prompt(req)
             self.waiting.append(req)
         self.grammar_wait = still
+
+    def _reasoning_closed_in_prompt(self, req: Req) -> bool:
+        """No reasoning to wait for: none configured, or the template closed the think block."""
+        end = self.config.reasoning_end
+        return end is None or prompt_closes_reasoning(self.texts.text(req.origin_input_ids[-64:], skip_special_tokens=False), end)
 
     # ------------------------------------------------------------------ running
     def _run_batch(self, batch: ScheduleBatch) -> None:
