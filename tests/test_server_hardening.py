@@ -323,6 +323,22 @@ def test_a_budget_below_the_shortest_output_is_refused_at_admission(engine, http
     assert out["meta_info"]["finish_reason"]["type"] == "abort" and str(need) in out["meta_info"]["finish_reason"]["message"]
 
 
+def test_choice_and_stop_regex(engine, http):
+    picked = http.post("/v1/chat/completions", json=_chat(choice=["yes", "no", "maybe not"], max_tokens=6))
+    assert picked.status_code == 200 and picked.json()["choices"][0]["message"]["content"] in ("yes", "no", "maybe not"), picked.text
+    ask = _chat(messages=[{"role": "user", "content": "Describe the sea in two sentences."}], max_tokens=24)
+    free = http.post("/v1/chat/completions", json=ask).json()["choices"][0]["message"]["content"]
+    match = re.search(r"[.,!?]", free)
+    assert match, free  # greedy SmolLM2 writes punctuation within 24 tokens
+    cut = http.post("/v1/chat/completions", json={**ask, "stop_regex": [r"[.,!?]"]}).json()["choices"][0]
+    assert cut["finish_reason"] == "stop" and cut["message"]["content"] == free[: match.start()], cut
+    kept = engine.generate(engine.apply_chat_template(ask["messages"]), {"max_new_tokens": 24, "temperature": 0, "stop_regex": r"[.,!?]", "no_stop_trim": True})
+    assert kept["text"] == free[: match.end()] and kept["meta_info"]["finish_reason"] == {"type": "stop", "matched": match.group(0)}
+    for fields, param in (({"stop_regex": "("}, "stop_regex"), ({"stop_regex": "a*"}, "stop_regex"), ({"choice": []}, "choice")):
+        r = http.post("/v1/chat/completions", json=_chat(**fields))
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
 def test_draining_answers_503_on_open_connections_then_exits(engine):
     srv = ServerThread(engine, shutdown_timeout=3)
     try:

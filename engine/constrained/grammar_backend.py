@@ -203,6 +203,8 @@ def constraint_of(params: SamplingParams) -> Constraint | None:
                 formats=params.json_schema_formats,
                 whitespace=JSON_WHITESPACE[params.json_whitespace],
             )
+        if kind == "choice":
+            return Constraint.choice(list(source))
         if kind == "structural_tag":
             tags, triggers = _structural_tag(_parse_json(kind, source) if isinstance(source, str) else source)
             return Constraint.structural_tag(tags, triggers)

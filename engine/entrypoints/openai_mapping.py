@@ -43,6 +43,8 @@ _DIRECT_FIELDS = {
     "repetition_penalty": "repetition_penalty",
     "min_tokens": "min_new_tokens",
     "stop_token_ids": "stop_token_ids",
+    "stop_regex": "stop_regex",
+    "choice": "choice",
     "ignore_eos": "ignore_eos",
     "skip_special_tokens": "skip_special_tokens",
     "no_stop_trim": "no_stop_trim",

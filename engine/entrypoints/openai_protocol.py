@@ -168,6 +168,8 @@ class _SamplingExtensions(StrictRequest):
     return_hidden_states: bool | None = None  # the last layer's state per output token
     regex: str | None = None
     ebnf: str | None = None
+    choice: list[str] | None = None  # the output is exactly one of these strings
+    stop_regex: str | list[str] | None = None  # stop when the output's tail matches one
     json_schema: dict[str, Any] | str | bool | None = None
     # The draft of a schema without $schema (default: 2020-12 read with the older spellings) and
     # whether ``format`` is asserted ("assert", the default) or an annotation ("annotate").
