@@ -92,6 +92,7 @@ class Engine:
         config = SchedulerConfig(
             max_running_requests=args.max_running_requests,
             chunked_prefill_size=args.chunked_prefill_size,
+            decode_prefill_budget=args.decode_prefill_budget,
             enable_prefix_cache=args.enable_prefix_cache,
             enable_jump_forward=args.enable_jump_forward,
             reasoning_end=args.reasoning_end,

@@ -23,6 +23,10 @@ class EngineArgs:
     max_waiting_requests: int | None = None  # None: the Engine is unbounded; the server bounds it at 16 x max_running_requests (503 beyond)
     context_length: int | None = None  # cap below the model's own
     chunked_prefill_size: int = 512  # prompt tokens per forward; longer prompts go in chunks
+    # The latency policy: while any request is decoding, a forward takes at most this many prompt
+    # tokens (None: chunked_prefill_size), so a long prompt arriving never stalls running streams
+    # for a whole chunk; prefills take more steps instead.
+    decode_prefill_budget: int | None = None
     enable_prefix_cache: bool = True
     enable_jump_forward: bool = True
     reasoning_end: str | None = None  # e.g. "</think>": the constraint applies after it
@@ -67,7 +71,7 @@ class EngineArgs:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("max_total_tokens", "context_length", "max_waiting_requests", "num_threads"):
+        for name in ("max_total_tokens", "context_length", "max_waiting_requests", "num_threads", "decode_prefill_budget"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")

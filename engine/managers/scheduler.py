@@ -55,6 +55,7 @@ log = logging.getLogger("formcast.scheduler")
 class SchedulerConfig:
     max_running_requests: int = 64
     chunked_prefill_size: int = 512
+    decode_prefill_budget: int | None = None  # prompt tokens per forward while requests decode
     enable_prefix_cache: bool = True
     enable_jump_forward: bool = True
     reasoning_end: str | None = None
