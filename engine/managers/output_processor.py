@@ -3,6 +3,12 @@ logprobs / hidden state when asked), advance the grammar (or watch for the end o
 section), check the finish rules, and, when the grammar admits exactly one continuation, append
 its tokens without sampling (jump-forward; they enter the next forward as one extend).
 
+While a reasoning section is open, the reasoning end tag is watched for (for a constrained
+request, or one with ``max_reasoning_tokens``); once the reasoning has used its budget, or only
+the room for the shortest constrained answer (and its EOS) is left in ``max_new_tokens``, "\n"
+plus the end tag is appended as forced tokens, like jump-forward (no logprobs are reported for
+them).
+
 Jump-forward re-tokenizes the forced text with the model's own tokenizer, so the model sees the
 tokens it would normally see, and keeps them only if their bytes are exactly the forced bytes
 and the grammar accepts each one. It is skipped for requests that asked for logprobs or hidden
