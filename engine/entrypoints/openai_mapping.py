@@ -4,7 +4,8 @@
 after pydantic's type checks) and returns normalized, verified ``SamplingParams``. What it maps:
 
 * fields copied as-is (``temperature``, ``top_p``, ``n``, ``stop``, ``seed`` -> ``sampling_seed``,
-  the SGLang / vLLM extensions ``top_k``, ``min_p``, ``min_tokens``, ``regex``, ``ebnf``, ...);
+  the SGLang / vLLM extensions ``top_k``, ``min_p``, ``min_tokens``, ``regex``, ``ebnf``,
+  ``choice``, ``stop_regex``, ``max_reasoning_tokens``, ...);
 * ``max_completion_tokens`` (chat) wins over ``max_tokens``; absent -> no limit (``None``).
   OpenAI refuses 0; so does this mapping, except on completions with ``echo`` (prompt scoring);
 * ``logprobs``: chat sends a bool plus ``top_logprobs``; completions an int N (top-N);
