@@ -2,6 +2,7 @@
 
     python bench/serve_bench.py [--clients 1,8,32] [--rounds 2] [--max-tokens 32] [--threads 1]
                                 [--port 30123] [--model PATH]
+                                [--long-prompt-tokens N] [--policies off,64]
 
 Starts ``formcast serve`` in a subprocess (its own interpreter: the clients do not share its
 GIL), then for each scenario -- unconstrained chat (``ignore_eos``, exactly ``--max-tokens``
@@ -20,6 +21,12 @@ Reported per scenario:
   but the engine's scheduler, model, grammar and detokenizer threads) per request (less the cost
   of the /metrics scrape itself), as a share of the whole server process's CPU time over the
   scenario, and as a share of the mean request latency.
+
+With ``--long-prompt-tokens N`` one more client sends, for the whole scenario, one request after
+another with an N-word prompt and ``max_tokens`` 1 (its own timings are not in the table): the
+head-of-line case where a long prefill stalls running streams. ``--policies off,64`` runs the
+whole table once per server setting of ``--decode-prefill-budget`` ("off": none), one server
+each, and prints the rows side by side with a ``policy`` column (ITL p99 is the figure to read).
 
 Absolute figures depend on the machine and on its other load; compare rows of one run. Not
 collected by pytest.
@@ -119,7 +126,7 @@ def scrape(url: str) -> tuple[float, float]:
     return values["formcast_server_loop_cpu_seconds_total"], values["process_cpu_seconds_total"]
 
 
-async def run_scenario(url: str, model: str, scenario: Scenario, rounds: int, max_tokens: int, first_index: int) -> None:
+async def run_scenario(url: str, model: str, scenario: Scenario, rounds: int, max_tokens: int, first_index: int, long_prompt_tokens: int = 0) -> None:
     limits = httpx.Limits(max_connections=scenario.clients + 4, max_keepalive_connections=scenario.clients + 4)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(900), limits=limits) as http:
         await one_request(http, request_body(model, first_index, scenario.constrained, max_tokens))  # warm-up
@@ -134,19 +141,33 @@ async def run_scenario(url: str, model: str, scenario: Scenario, rounds: int, ma
                 body = request_body(model, first_index + 1 + c * rounds + r, scenario.constrained, max_tokens)
                 scenario.timings.append(await one_request(http, body))
 
-        await asyncio.gather(*(client(c) for c in range(scenario.clients)))
+        done = asyncio.Event()
+
+        async def long_prompts() -> None:
+            k = 0
+            while not done.is_set():  # one long prefill after another while the clients stream
+                words = " ".join(TOPICS[(k + i) % len(TOPICS)].split()[-1] for i in range(long_prompt_tokens))
+                body = {"model": model, "messages": [{"role": "user", "content": f"{k}: {words}"}], "max_tokens": 1, "stream": True}
+                await one_request(http, body)
+                k += 1
+
+        async def clients() -> None:
+            await asyncio.gather(*(client(c) for c in range(scenario.clients)))
+            done.set()
+
+        await asyncio.gather(clients(), *([long_prompts()] if long_prompt_tokens else []))
         scenario.wall = time.perf_counter() - start
         loop1, proc1 = scrape(url)
         scenario.loop_cpu, scenario.process_cpu = max(0.0, loop1 - loop0 - scrape_cpu), proc1 - proc0
 
 
-def row(s: Scenario) -> list:
+def row(s: Scenario, policy: str) -> list:
     n = len(s.timings)
     gaps = [g for t in s.timings for g in t.gaps]
     ttft = [t.ttft for t in s.timings]
     tokens = sum(t.tokens for t in s.timings)
     return [
-        s.clients, "JSON schema" if s.constrained else "none", n,
+        policy, s.clients, "JSON schema" if s.constrained else "none", n,
         f"{n / s.wall:.2f}", f"{tokens / s.wall:.1f}",
         f"{pct(ttft, 50):.2f}", f"{pct(ttft, 99):.2f}",
         f"{1000 * pct(gaps, 50):.0f}", f"{1000 * pct(gaps, 99):.0f}",
@@ -155,9 +176,11 @@ def row(s: Scenario) -> list:
     ]  # fmt: skip
 
 
-def start_server(args: argparse.Namespace) -> subprocess.Popen:
+def start_server(args: argparse.Namespace, policy: str = "off") -> subprocess.Popen:
     command = [sys.executable, "-m", "engine", "serve", "--port", str(args.port), "--dtype", args.dtype, "--num-threads", str(args.threads),
                "--max-running-requests", str(max(args.clients) + 8), "--log-level", "warning", "--no-access-log"]  # fmt: skip
+    if policy != "off":
+        command += ["--decode-prefill-budget", policy]
     if args.model:
         command += ["--model", args.model]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -185,29 +208,41 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--port", type=int, default=30123)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--long-prompt-tokens", type=int, default=0, metavar="N", help="one more client sending N-word prompts throughout")
+    parser.add_argument("--policies", default="off", help="comma-separated --decode-prefill-budget values of the server ('off': none)")
+    parser.add_argument("--scenarios", default="none,json", help="none (unconstrained), json (JSON schema), or both")
     args = parser.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
-    proc = start_server(args)
+    rows = []
+    for policy in args.policies.split(","):
+        rows += [row(s, policy) for s in run_policy(args, policy)]
+    header = ["policy", "clients", "constraint", "requests", "req/s", "out tok/s", "TTFT p50 s", "TTFT p99 s", "ITL p50 ms", "ITL p99 ms",
+              "loop CPU ms/req", "loop / server CPU", "loop CPU / latency"]  # fmt: skip
+    print(f"\nformcast serve, {args.dtype}, {args.threads} torch thread(s), max_tokens {args.max_tokens}, {args.rounds} requests per client, "
+          f"{os.cpu_count()} CPUs, long-prompt client: {args.long_prompt_tokens or 'none'} words\n")  # fmt: skip
+    print(markdown_table(header, rows, align_right_from=3))
+
+
+def run_policy(args: argparse.Namespace, policy: str) -> list[Scenario]:
+    """Every scenario against one server started with ``policy``."""
+    proc = start_server(args, policy)
     url = f"http://127.0.0.1:{args.port}"
+    scenarios = []
     try:
         model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
-        scenarios = []
         index = 0
-        for constrained in (False, True):
+        kinds = [k == "json" for k in args.scenarios.split(",")]
+        for constrained in kinds:
             for clients in args.clients:
                 scenario = Scenario(f"{clients}-{constrained}", clients, constrained)
-                asyncio.run(run_scenario(url, model, scenario, args.rounds, args.max_tokens, index))
+                asyncio.run(run_scenario(url, model, scenario, args.rounds, args.max_tokens, index, args.long_prompt_tokens))
                 index += 1 + clients * args.rounds
                 scenarios.append(scenario)
-                print(f"done: {clients} clients, constrained={constrained}: {len(scenario.timings)} requests in {scenario.wall:.1f} s", file=sys.stderr, flush=True)
+                print(f"done: policy {policy}, {clients} clients, constrained={constrained}: {len(scenario.timings)} requests in {scenario.wall:.1f} s", file=sys.stderr, flush=True)
     finally:
         proc.terminate()
         proc.wait(60)
-    header = ["clients", "constraint", "requests", "req/s", "out tok/s", "TTFT p50 s", "TTFT p99 s", "ITL p50 ms", "ITL p99 ms",
-              "loop CPU ms/req", "loop / server CPU", "loop CPU / latency"]  # fmt: skip
-    print(f"\nformcast serve, {args.dtype}, {args.threads} torch thread(s), max_tokens {args.max_tokens}, {args.rounds} requests per client, "
-          f"{os.cpu_count()} CPUs\n")  # fmt: skip
-    print(markdown_table(header, [row(s) for s in scenarios], align_right_from=2))
+    return scenarios
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ fields is the front end's job: ``engine.entrypoints.openai_mapping``.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -30,7 +31,9 @@ from .errors import InvalidSamplingParams  # defined with the other field errors
 
 __all__ = ["InvalidSamplingParams", "SamplingParams", "GRAMMAR_FIELDS", "MIN_TEMPERATURE", "JSON_WHITESPACE"]
 
-GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag", "choice")
+# Output tokens (beyond the newest) whose text a stop_regex is searched in at each step.
+STOP_REGEX_WINDOW = 64
 # json_whitespace -> the JSON grammar's layout (grammar.compile_json_schema's ``whitespace``).
 JSON_WHITESPACE = {"any": "flexible", "compact": "compact", "pretty": 2}
 _MAX_SEED = 2**63 - 1
@@ -54,6 +57,10 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    # Regular expressions (Python ``re``) that end the request when the output's tail matches
+    # one, searched in the text of the last STOP_REGEX_WINDOW tokens; the match is cut from the
+    # text like a stop string (kept with no_stop_trim). Streamed text is not held back for them.
+    stop_regex: str | list[str] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     # Keep the matched stop string at the end of the text (it is cut by default).
@@ -81,6 +88,8 @@ class SamplingParams:
     regex: str | None = None
     ebnf: str | None = None
     structural_tag: str | dict[str, Any] | None = None
+    # The output is exactly one of these strings (a constraint like the others).
+    choice: list[str] | None = None
     # Seconds the grammar compiler may spend on this request's constraint; capped by the engine's
     # budget (EngineArgs.grammar_compile_timeout), so a client can ask for less, never more.
     grammar_compile_timeout: float | None = None
@@ -89,6 +98,11 @@ class SamplingParams:
     top_logprobs_num: int = 0
     logprobs_mode: Literal["processed", "raw"] = "processed"
     return_hidden_states: bool = False
+    # Reasoning models (EngineArgs.reasoning_end): the most tokens the reasoning may take; then
+    # the engine appends the end tag itself and the answer (constrained, if asked) follows. The
+    # reasoning is also closed early enough to leave max_new_tokens room for the shortest answer
+    # the constraint allows. None: no budget of its own.
+    max_reasoning_tokens: int | None = None
     # Mixture-of-experts models: per generated token, the experts each MoE layer chose at the
     # position that produced it (and, with ``return_routed_expert_weights``, their weights).
     return_routed_experts: bool = False
@@ -124,6 +138,10 @@ class SamplingParams:
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
+        if isinstance(self.stop_regex, str):
+            self.stop_regex = [self.stop_regex]
+        elif self.stop_regex is not None:
+            self.stop_regex = list(self.stop_regex) or None
         if self.top_k is None:
             self.top_k = -1
         if isinstance(self.temperature, (int, float)) and 0.0 < self.temperature < MIN_TEMPERATURE:
@@ -155,6 +173,8 @@ class SamplingParams:
             raise InvalidSamplingParams(
                 "min_new_tokens", f"{self.min_new_tokens} exceeds max_new_tokens={self.max_new_tokens}"
             )
+        if self.max_reasoning_tokens is not None and (not _is_int(self.max_reasoning_tokens) or self.max_reasoning_tokens < 0):
+            raise InvalidSamplingParams("max_reasoning_tokens", f"must be an integer >= 0, got {self.max_reasoning_tokens!r}")
         if not _is_int(self.n) or self.n < 1:
             raise InvalidSamplingParams("n", f"must be an integer >= 1, got {self.n!r}")
         self._verify_lists(vocab_size)
@@ -169,6 +189,16 @@ class SamplingParams:
         for s in stops:
             if not isinstance(s, str) or not s:
                 raise InvalidSamplingParams("stop", f"entries must be non-empty strings, got {s!r}")
+        patterns = [self.stop_regex] if isinstance(self.stop_regex, str) else (self.stop_regex or [])
+        for p in patterns:
+            if not isinstance(p, str) or not p:
+                raise InvalidSamplingParams("stop_regex", f"entries must be non-empty strings, got {p!r}")
+            try:
+                compiled = re.compile(p)
+            except re.error as exc:
+                raise InvalidSamplingParams("stop_regex", f"{p!r} is not a valid regular expression: {exc}") from None
+            if compiled.fullmatch(""):
+                raise InvalidSamplingParams("stop_regex", f"{p!r} matches the empty string (it would stop at once)")
         for t in self.stop_token_ids or []:
             if not _is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size):
                 bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
@@ -205,6 +235,10 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise InvalidSamplingParams(name, f"must be a string, got {type(value).__name__}")
+        if self.choice is not None and (
+            not isinstance(self.choice, (list, tuple)) or not self.choice or not all(isinstance(c, str) for c in self.choice)
+        ):
+            raise InvalidSamplingParams("choice", f"must be a non-empty list of strings, got {self.choice!r}")
         if self.structural_tag is not None and not isinstance(self.structural_tag, (str, dict)):
             raise InvalidSamplingParams("structural_tag", "must be a JSON string or an object")
         if not isinstance(self.json_whitespace, str) or self.json_whitespace not in JSON_WHITESPACE:

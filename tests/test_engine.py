@@ -257,14 +257,28 @@ def test_bad_input_is_refused_before_admission(engine):
 def test_reasoning_end_leaves_text_free_until_the_marker():
     """With ``reasoning_end`` the constraint starts after the marker. Greedy SmolLM2 answers this
     prompt with "In the year 2023, ..."; with the marker "year" the text stays free up to it,
-    then " \\d{4}" is enforced and the output ends there."""
+    then " \\d{4}" is enforced and the output ends there. A thinking budget closes the reasoning
+    itself (the engine writes "\\nyear"), as does a max_new_tokens that leaves only the room of
+    the shortest constrained answer."""
     with Engine(dtype="float32", max_total_tokens=2000, num_threads=1, reasoning_end="year") as eng:
         prompt = eng.apply_chat_template([{"role": "user", "content": "Write a title line, then a year on the next line."}])
-        out = eng.generate(input_ids=prompt, sampling_params={**GREEDY, "max_new_tokens": 40, "regex": r" \d{4}"})
+        ask = {**GREEDY, "max_new_tokens": 40, "regex": r" \d{4}"}
+        out = eng.generate(input_ids=prompt, sampling_params=ask)
+        budget = eng.generate(input_ids=prompt, sampling_params={**ask, "max_reasoning_tokens": 2})
+        tight = eng.generate(input_ids=prompt, sampling_params={**ask, "max_new_tokens": 9})
+        unconstrained = eng.generate(input_ids=prompt, sampling_params={**GREEDY, "max_new_tokens": 6, "max_reasoning_tokens": 2})
+        tokens = lambda text: len(eng.tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
     free, marker, constrained = out["text"].rpartition("year")
     assert marker and free, out["text"]
     assert len(constrained) == 5 and constrained[1:].isdigit(), out["text"]
     assert out["meta_info"]["finish_reason"]["type"] == "stop"
+    for res in (budget, tight):
+        thought, marker, answer = res["text"].partition("\nyear")
+        assert marker and free.startswith(thought), res["text"]  # the same greedy start, cut short
+        assert len(answer) == 5 and answer[1:].isdigit() and res["meta_info"]["finish_reason"]["type"] == "stop", res["text"]
+    assert tokens(budget["text"].partition("\nyear")[0]) == 2
+    assert tokens(tight["text"]) <= 8  # the EOS that ended it is the 9th
+    assert "\nyear" in unconstrained["text"] and tokens(unconstrained["text"].partition("\nyear")[0]) == 2, unconstrained["text"]
 
 
 def test_startup_heap_is_frozen_out_of_full_collections():

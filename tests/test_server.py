@@ -298,6 +298,22 @@ def test_tool_choice_auto_calls_a_tool_or_answers_in_text(client, model):
     assert text.choices[0].finish_reason in ("stop", "length")
 
 
+@pytest.mark.parametrize("parser", ["llama3", "mistral"])
+def test_tool_choice_auto_in_another_family_syntax(client, model, engine, monkeypatch, parser):
+    # --tool-call-parser: the earlier turns are rendered, the call constrained and read back in
+    # that family's syntax, whole and streamed (same calls, OpenAI's delta shape).
+    monkeypatch.setattr(engine.args, "tool_call_parser", parser)
+    ask = dict(model=model, tools=TOOLS[:1], max_tokens=100, messages=_conversation("What is the weather in Berlin?"), **GREEDY)
+    called = client.chat.completions.create(**ask)
+    calls = called.choices[0].message.tool_calls
+    _check_calls(calls)
+    assert called.choices[0].finish_reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Berlin"})]
+    content, streamed, finish = _stream_message(client.chat.completions.create(stream=True, **ask))
+    assert finish == "tool_calls" and [(c["name"], c["arguments"]) for c in streamed] == [(c.function.name, c.function.arguments) for c in calls]
+    assert content == (called.choices[0].message.content or "")
+
+
 def test_tool_choice_none_answers_in_text(client, model):
     out = client.chat.completions.create(model=model, messages=_ask("What is the weather in Paris?"), tools=TOOLS, tool_choice="none", max_tokens=12, **GREEDY)
     assert out.choices[0].message.tool_calls is None and out.choices[0].message.content

@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 
 from engine import Engine
-from engine.sampling_params import InvalidSamplingParams
+from engine.sampling_params import InvalidSamplingParams, SamplingParams
 from server_harness import ServerThread
 
 pytestmark = pytest.mark.slow
@@ -286,6 +286,57 @@ def test_native_generate_takes_sampling_params_as_is(http):
     assert events[-1] == "[DONE]" and "".join(json.loads(e)["text"] for e in events[:-1]) == out["text"]
     bad = http.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokenz": 3}})
     assert bad.status_code == 400 and "max_new_tokenz" in bad.json()["error"]["message"]
+
+
+STAMPED = {"type": "object", "properties": {"at": {"type": "string", "format": "date-time"}, "id": {"type": "string", "format": "uuid"}},
+           "required": ["at", "id"], "additionalProperties": False}  # fmt: skip
+
+
+def test_a_budget_below_the_shortest_output_is_refused_at_admission(engine, http):
+    # The count is taken by the compile worker, before the grammar is shared; the server and the
+    # scheduler only read it (computed on a grammar in use, it made JSON requests hang).
+    from engine.constrained.output_budget import min_output_tokens
+
+    need = min_output_tokens(engine.grammar_backend.compile(SamplingParams(json_schema=STAMPED)))
+    assert isinstance(need, int) and 40 < need < 100
+    fmt = {"type": "json_schema", "json_schema": {"name": "stamped", "schema": STAMPED}}
+    r = http.post("/v1/chat/completions", json=_chat(response_format=fmt, max_tokens=need - 1))
+    assert r.status_code == 400 and str(need) in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] in ("max_tokens", "max_new_tokens")
+    # JSON requests at the same time all complete, each valid.
+    results: list = []
+
+    def ask(body: dict) -> None:
+        results.append(http.post("/v1/chat/completions", json=body))
+
+    small = {"type": "json_schema", "json_schema": {"name": "small", "schema": SMALL}}
+    threads = [threading.Thread(target=ask, args=(_chat(response_format=small, max_tokens=12),)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert [x.status_code for x in results] == [200] * 3, [x.text for x in results]
+    for x in results:
+        jsonschema.validate(json.loads(x.json()["choices"][0]["message"]["content"]), SMALL)
+    # The Engine (scheduler) refuses it too, naming the minimum.
+    out = engine.generate("Stamp it.", {"json_schema": STAMPED, "max_new_tokens": need - 1, "temperature": 0})
+    assert out["meta_info"]["finish_reason"]["type"] == "abort" and str(need) in out["meta_info"]["finish_reason"]["message"]
+
+
+def test_choice_and_stop_regex(engine, http):
+    picked = http.post("/v1/chat/completions", json=_chat(choice=["yes", "no", "maybe not"], max_tokens=6))
+    assert picked.status_code == 200 and picked.json()["choices"][0]["message"]["content"] in ("yes", "no", "maybe not"), picked.text
+    ask = _chat(messages=[{"role": "user", "content": "Describe the sea in two sentences."}], max_tokens=24)
+    free = http.post("/v1/chat/completions", json=ask).json()["choices"][0]["message"]["content"]
+    match = re.search(r"[.,!?]", free)
+    assert match, free  # greedy SmolLM2 writes punctuation within 24 tokens
+    cut = http.post("/v1/chat/completions", json={**ask, "stop_regex": [r"[.,!?]"]}).json()["choices"][0]
+    assert cut["finish_reason"] == "stop" and cut["message"]["content"] == free[: match.start()], cut
+    kept = engine.generate(engine.apply_chat_template(ask["messages"]), {"max_new_tokens": 24, "temperature": 0, "stop_regex": r"[.,!?]", "no_stop_trim": True})
+    assert kept["text"] == free[: match.end()] and kept["meta_info"]["finish_reason"] == {"type": "stop", "matched": match.group(0)}
+    for fields, param in (({"stop_regex": "("}, "stop_regex"), ({"stop_regex": "a*"}, "stop_regex"), ({"choice": []}, "choice")):
+        r = http.post("/v1/chat/completions", json=_chat(**fields))
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
 def test_draining_answers_503_on_open_connections_then_exits(engine):

@@ -232,3 +232,35 @@ def test_reasoning_cut_short_and_prompt_closed_blocks() -> None:
     assert prompt_closes_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n", "</think>")
     assert not prompt_closes_reasoning("<|im_start|>assistant\n<think>\n", "</think>")
     assert not prompt_closes_reasoning("<|im_start|>assistant\n", "</think>")
+
+
+def test_an_output_ending_inside_the_reasoning_says_so() -> None:
+    from engine.constrained.reasoning import ReasoningSplitter
+    from engine.entrypoints.serving import Choice
+    from engine.entrypoints.serving_chat import _finish_reason, _still_thinking
+
+    def ended(text: str, finish: str) -> str:
+        splitter = ReasoningSplitter("</think>")
+        splitter.feed(text)
+        splitter.finish()
+        choice = Choice(0, 0, 0, "r", [1], SamplingParams(), meta={"finish_reason": {"type": finish}})
+        return _finish_reason(choice, "auto", False, _still_thinking(splitter))
+
+    assert ended("<think>still thinking", "length") == "reasoning_length"
+    assert ended("<think>still thinking", "stop") == "reasoning_stop"
+    assert ended("<think>done</think>answer", "length") == "length"
+    assert ended("<think>done</think>answer", "stop") == "stop"
+    assert not _still_thinking(None)
+
+
+def test_reasoning_parser_names_the_end_tag() -> None:
+    from engine.entrypoints.engine_args import EngineArgs
+
+    assert EngineArgs.from_options(reasoning_parser="qwen3").reasoning_end == "</think>"
+    assert EngineArgs.from_options(reasoning_parser="deepseek-r1", reasoning_end="</think>").reasoning_end == "</think>"
+    with pytest.raises(ValueError, match="reasoning_parser"):
+        EngineArgs.from_options(reasoning_parser="nope")
+    with pytest.raises(ValueError, match="reasoning_end"):
+        EngineArgs.from_options(reasoning_parser="qwen3", reasoning_end="</reason>")
+    with pytest.raises(InvalidSamplingParams, match="max_reasoning_tokens"):
+        SamplingParams(max_reasoning_tokens=-1).verify()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -34,8 +35,11 @@ from grammar import CompileBudget, Constraint, GrammarError, GrammarTimeoutError
 from grammar.compile_worker import CompilePool
 from grammar.disk_cache import DiskCache
 
+from .output_budget import record_min_output_tokens
 from ..errors import CompileTimeout, InvalidGrammar  # defined with the other field errors; imported from here too
 from ..sampling_params import JSON_WHITESPACE, SamplingParams
+
+log = logging.getLogger("formcast.grammar")
 
 # Outcomes kept (compiled grammars also sit in grammar's own cache, which bounds their memory).
 OUTCOME_CACHE_SIZE = 512
@@ -50,8 +54,12 @@ class GrammarBackend:
         budget: CompileBudget | None = None,
         compile_processes: int = 0,
         disk: DiskCache | None = None,
+        tokenizer: Any = None,
     ) -> None:
         self.vocab = vocab
+        # With the model's tokenizer, each compile also records the fewest output tokens the
+        # grammar allows (constrained.output_budget), before the grammar is shared.
+        self.tokenizer = tokenizer
         self.disk = disk
         self.budget = budget
         self._pool = ThreadPoolExecutor(max(1, num_workers), thread_name_prefix="formcast-grammar")
@@ -150,7 +158,13 @@ class GrammarBackend:
         kind = constraint.kind
         start = time.perf_counter()
         try:
-            return grammar.compile_constraint(constraint, self.vocab, self.budget_for(timeout), front_end=self._processes, disk=self.disk)
+            compiled = grammar.compile_constraint(constraint, self.vocab, self.budget_for(timeout), front_end=self._processes, disk=self.disk)
+            if self.tokenizer is not None:
+                try:
+                    record_min_output_tokens(compiled, self.tokenizer)
+                except Exception:  # noqa: BLE001 - no count only means no admission check
+                    log.warning("could not count the shortest output of a %s constraint", kind, exc_info=True)
+            return compiled
         except GrammarTimeoutError as exc:
             # The machine was slow, not the constraint too big: forget the outcome so that the
             # next request with this constraint compiles again.
@@ -191,6 +205,8 @@ def constraint_of(params: SamplingParams) -> Constraint | None:
                 property_order=params.json_property_order,
                 whitespace=JSON_WHITESPACE[params.json_whitespace],
             )
+        if kind == "choice":
+            return Constraint.choice(list(source))
         if kind == "structural_tag":
             tags, triggers = _structural_tag(_parse_json(kind, source) if isinstance(source, str) else source)
             return Constraint.structural_tag(tags, triggers)

@@ -8,6 +8,10 @@ The start tag is the end tag without its slash. A chat template may close the bl
 prompt (Qwen3 with ``enable_thinking: false`` renders an empty ``<think></think>``): then there
 is no reasoning to wait for and the constraint applies from the first token
 (``prompt_closes_reasoning``, also used by the scheduler).
+``EngineArgs.reasoning_parser`` names the syntax instead (``qwen3``, ``deepseek-r1``: ``</think>``).
+A thinking budget (``SamplingParams.max_reasoning_tokens``) is enforced by the output processor,
+which appends the end tag itself; an output that ends inside the reasoning is reported by the
+chat endpoint with ``finish_reason`` ``reasoning_length`` / ``reasoning_stop``.
 """
 
 from __future__ import annotations

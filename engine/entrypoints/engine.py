@@ -47,6 +47,7 @@ from ..model_executor.model_runner import ModelRunner
 from ..sampling_params import InvalidSamplingParams, SamplingParams
 from ..speculative.worker import SpeculativeConfig, build_worker
 from .engine_args import EngineArgs
+from .tool_formats import ToolCallFormat, detect_format
 
 
 # apply_chat_template's own arguments: a caller's template variables may not override them.
@@ -79,6 +80,7 @@ class Engine:
         self.grammar_backend = GrammarBackend(
             self.vocab, num_workers=args.grammar_workers, budget=_budget(args),
             compile_processes=args.grammar_compile_processes, disk=grammar_disk_cache(args),
+            tokenizer=self.tokenizer,
         )
         self.grammar_backend.start_compile_processes()
         self.texts = TokenTexts(self.vocab, self.tokenizer)
@@ -91,6 +93,7 @@ class Engine:
         config = SchedulerConfig(
             max_running_requests=args.max_running_requests,
             chunked_prefill_size=args.chunked_prefill_size,
+            decode_prefill_budget=args.decode_prefill_budget,
             enable_prefix_cache=args.enable_prefix_cache,
             enable_jump_forward=args.enable_jump_forward,
             reasoning_end=args.reasoning_end,
@@ -237,6 +240,14 @@ class Engine:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # ------------------------------------------------------------------ introspection
+    @property
+    def tool_call_format(self) -> ToolCallFormat:
+        """The syntax tool calls are constrained and read in: ``tool_call_parser``, else the one
+        the chat template renders, else the model family's (``tool_formats.detect_format``)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        family = getattr(self.runner.model_config, "architecture", None)
+        return detect_format(template if isinstance(template, str) else None, family, self.args.tool_call_parser)
+
     def get_load(self) -> dict[str, int]:
         return self.scheduler.load()
 

@@ -7,6 +7,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 
+# Reasoning syntaxes by name -> the tag that ends the reasoning (the start tag is it without "/").
+REASONING_PARSERS = {"qwen3": "</think>", "deepseek-r1": "</think>", "think": "</think>"}
+
+
 @dataclass
 class EngineArgs:
     model_path: str | None = None  # a Hugging Face folder or a .gguf file; None = the embedded SmolLM2-135M-Instruct
@@ -22,9 +26,18 @@ class EngineArgs:
     max_waiting_requests: int | None = None  # None: the Engine is unbounded; the server bounds it at 16 x max_running_requests (503 beyond)
     context_length: int | None = None  # cap below the model's own
     chunked_prefill_size: int = 512  # prompt tokens per forward; longer prompts go in chunks
+    # The latency policy: while any request is decoding, a forward takes at most this many prompt
+    # tokens (None: chunked_prefill_size), so a long prompt arriving never stalls running streams
+    # for a whole chunk; prefills take more steps instead.
+    decode_prefill_budget: int | None = None
     enable_prefix_cache: bool = True
     enable_jump_forward: bool = True
     reasoning_end: str | None = None  # e.g. "</think>": the constraint applies after it
+    # A reasoning model's syntax by name (qwen3, deepseek-r1: <think>...</think>); sets reasoning_end.
+    reasoning_parser: str | None = None
+    # The tool-call syntax (hermes, qwen, llama3, mistral, json); None: detected from the chat
+    # template and the model family (engine.entrypoints.tool_formats).
+    tool_call_parser: str | None = None
     grammar_workers: int = 1
     grammar_compile_timeout: float | None = None  # seconds of wall-clock backstop; default: the grammar budget's
     # Child processes that run constraint front ends, so a big compile never holds the GIL that
@@ -61,12 +74,23 @@ class EngineArgs:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("max_total_tokens", "context_length", "max_waiting_requests", "num_threads"):
+        for name in ("max_total_tokens", "context_length", "max_waiting_requests", "num_threads", "decode_prefill_budget"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
         if not isinstance(self.grammar_compile_processes, int) or self.grammar_compile_processes < 0:
             raise ValueError(f"grammar_compile_processes must be an integer >= 0, got {self.grammar_compile_processes!r}")
+        if self.tool_call_parser is not None:
+            from .tool_formats import get_format
+
+            get_format(self.tool_call_parser)
+        if self.reasoning_parser is not None:
+            if self.reasoning_parser not in REASONING_PARSERS:
+                raise ValueError(f"reasoning_parser must be one of {sorted(REASONING_PARSERS)}, got {self.reasoning_parser!r}")
+            end = REASONING_PARSERS[self.reasoning_parser]
+            if self.reasoning_end not in (None, end):
+                raise ValueError(f"reasoning_parser {self.reasoning_parser!r} ends reasoning at {end!r}, but reasoning_end is {self.reasoning_end!r}")
+            self.reasoning_end = end
         if self.grammar_compile_timeout is not None and self.grammar_compile_timeout <= 0:
             raise ValueError(f"grammar_compile_timeout must be > 0, got {self.grammar_compile_timeout!r}")
 

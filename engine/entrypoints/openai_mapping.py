@@ -4,7 +4,8 @@
 after pydantic's type checks) and returns normalized, verified ``SamplingParams``. What it maps:
 
 * fields copied as-is (``temperature``, ``top_p``, ``n``, ``stop``, ``seed`` -> ``sampling_seed``,
-  the SGLang / vLLM extensions ``top_k``, ``min_p``, ``min_tokens``, ``regex``, ``ebnf``, ...);
+  the SGLang / vLLM extensions ``top_k``, ``min_p``, ``min_tokens``, ``regex``, ``ebnf``,
+  ``choice``, ``stop_regex``, ``max_reasoning_tokens``, ...);
 * ``max_completion_tokens`` (chat) wins over ``max_tokens``; absent -> no limit (``None``).
   OpenAI refuses 0; so does this mapping, except on completions with ``echo`` (prompt scoring);
 * ``logprobs``: chat sends a bool plus ``top_logprobs``; completions an int N (top-N);
@@ -43,6 +44,8 @@ _DIRECT_FIELDS = {
     "repetition_penalty": "repetition_penalty",
     "min_tokens": "min_new_tokens",
     "stop_token_ids": "stop_token_ids",
+    "stop_regex": "stop_regex",
+    "choice": "choice",
     "ignore_eos": "ignore_eos",
     "skip_special_tokens": "skip_special_tokens",
     "no_stop_trim": "no_stop_trim",
@@ -56,6 +59,7 @@ _DIRECT_FIELDS = {
     "structural_tag": "structural_tag",
     "grammar_compile_timeout": "grammar_compile_timeout",
     "return_hidden_states": "return_hidden_states",
+    "max_reasoning_tokens": "max_reasoning_tokens",
     "return_routed_experts": "return_routed_experts",
     "return_routed_expert_weights": "return_routed_expert_weights",
 }

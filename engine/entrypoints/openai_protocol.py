@@ -168,6 +168,8 @@ class _SamplingExtensions(StrictRequest):
     return_hidden_states: bool | None = None  # the last layer's state per output token
     regex: str | None = None
     ebnf: str | None = None
+    choice: list[str] | None = None  # the output is exactly one of these strings
+    stop_regex: str | list[str] | None = None  # stop when the output's tail matches one
     json_schema: dict[str, Any] | str | bool | None = None
     # The draft of a schema without $schema (default: 2020-12 read with the older spellings) and
     # whether ``format`` is asserted ("assert", the default) or an annotation ("annotate").
@@ -218,8 +220,11 @@ class ChatCompletionRequest(_CommonRequest):
     # Keyword arguments for the chat template (e.g. {"enable_thinking": false} for Qwen3).
     chat_template_kwargs: dict[str, Any] | None = None
     # OpenAI's reasoning budget; passed to the chat template as ``reasoning_effort`` (templates
-    # of reasoning models read it), nothing else here.
+    # of reasoning models read it) and, on a server with a reasoning parser, mapped to a
+    # max_reasoning_tokens when that is not given (REASONING_EFFORT_TOKENS).
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    # Thinking tokens before the engine closes the reasoning itself (SamplingParams').
+    max_reasoning_tokens: int | None = Field(default=None, ge=0)
     # The last message is an assistant prefix to continue (no new turn is opened).
     continue_final_message: bool = False
 

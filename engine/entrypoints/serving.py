@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..constrained.grammar_backend import InvalidGrammar
+from ..constrained.output_budget import check_output_budget
 from ..sampling_params import SamplingParams
 from .api_errors import APIError, bad_request, internal_error, overloaded, shutting_down
 from .engine import Engine
@@ -201,11 +202,14 @@ class OpenAIServing:
         try:
             # shield: a request cancelled while waiting must not cancel the compile that the
             # cache shares with every other request carrying the same constraint.
-            await asyncio.shield(asyncio.wrap_future(future))
+            compiled = await asyncio.shield(asyncio.wrap_future(future))
         except InvalidGrammar as exc:
             if not exc.retryable:  # a compile stopped by the wall-clock backstop refused nothing
                 self.metrics.grammar_refused.inc()
             raise
+        # A max_tokens no valid output fits is refused now, not answered with a cut document. The
+        # count was taken by the compile worker; reading it here touches no shared grammar state.
+        check_output_budget(compiled, params)
 
     # ------------------------------------------------------------------ running
     def expand(self, prompts: list[list[int]], params: SamplingParams) -> list[Choice]:

@@ -44,8 +44,8 @@ from .openai_protocol import (
 )
 from ..constrained.reasoning import ReasoningSplitter, prompt_closes_reasoning
 from .serving import Choice, EngineRun, EventStream, OpenAIServing, clamp_logprob, openai_finish_reason, routed_fields, usage_of, wants_usage
+from .tool_formats import HERMES, ToolCallFormat
 from .tool_calls import (
-    CALL_CLOSE,
     CollectedMessage,
     ParsedArguments,
     ParsedCallStart,
@@ -61,6 +61,9 @@ from .tool_calls import (
 
 log = logging.getLogger("formcast.server")
 
+# reasoning_effort -> max_reasoning_tokens, when a request gives no budget of its own.
+REASONING_EFFORT_TOKENS = {"minimal": 32, "low": 256, "medium": 1024, "high": 4096}
+
 
 @dataclass
 class PreparedChat:
@@ -72,12 +75,14 @@ class PreparedChat:
     mode: ToolMode
     tools: list[dict] | None
     tool_choice: Any
-    stop_after_first_call: bool  # auto + parallel_tool_calls=false: the request stops at </tool_call>
+    stop_after_first_call: bool  # auto + parallel_tool_calls=false: the request stops at the format's close
     reasoning_end: str | None = None  # the engine's reasoning end tag (reasoning_content is split off)
     reasoning_closed: bool = False  # the prompt already closed the reasoning block
+    fmt: ToolCallFormat = HERMES  # the model's tool-call syntax
+    max_calls: int | None = None  # parallel_tool_calls=false: calls after the first are dropped
 
     def parser(self) -> ToolCallParser:
-        return make_parser(self.mode, self.tools, self.tool_choice)
+        return make_parser(self.mode, self.tools, self.tool_choice, self.fmt, self.max_calls)
 
     def splitter(self) -> ReasoningSplitter | None:
         return ReasoningSplitter(self.reasoning_end, done=self.reasoning_closed) if self.reasoning_end else None
@@ -111,6 +116,7 @@ class OpenAIServingChat(OpenAIServing):
         mode = tool_mode(tools, body.get("tool_choice"))
         params = to_sampling_params(body)
         stop_after_first_call = False
+        fmt = self.engine.tool_call_format
         if mode == "auto":
             if params.grammar is not None:
                 raise bad_request(
@@ -118,20 +124,23 @@ class OpenAIServingChat(OpenAIServing):
                     "(use tool_choice 'required' or a named function, or drop the constraint)",
                     param="tool_choice",
                 )
-            params.structural_tag = auto_structural_tag(tools)
-            if not request.parallel_tool_calls:
-                params.stop = [*(params.stop or []), CALL_CLOSE]
+            params.structural_tag = auto_structural_tag(tools, fmt)
+            if not request.parallel_tool_calls and fmt.close is not None:
+                params.stop = [*(params.stop or []), fmt.close]
                 stop_after_first_call = True
-        prompt_ids = self._prompt_ids(request, tools if mode != "none" else None)
+        prompt_ids = self._prompt_ids(request, tools if mode != "none" else None, fmt)
         self.check_context(len(prompt_ids), params, "messages")
         end = self.engine.args.reasoning_end
+        if end is not None and params.max_reasoning_tokens is None and request.reasoning_effort is not None:
+            params.max_reasoning_tokens = REASONING_EFFORT_TOKENS[request.reasoning_effort]
         closed = end is not None and prompt_closes_reasoning(self.engine.texts.text(prompt_ids[-64:], skip_special_tokens=False), end)
-        return PreparedChat(request, params, prompt_ids, mode, tools, body.get("tool_choice"), stop_after_first_call, end, closed)
+        max_calls = None if request.parallel_tool_calls else 1
+        return PreparedChat(request, params, prompt_ids, mode, tools, body.get("tool_choice"), stop_after_first_call, end, closed, fmt, max_calls)
 
-    def _prompt_ids(self, request: ChatCompletionRequest, tools: list[dict] | None) -> list[int]:
+    def _prompt_ids(self, request: ChatCompletionRequest, tools: list[dict] | None, fmt: ToolCallFormat) -> list[int]:
         plain = [_message_dict(m, i) for i, m in enumerate(request.messages)]
         template = getattr(self.engine.tokenizer, "chat_template", None) or ""
-        rendered, template_tools = prompt_messages(plain, tools, template_renders_tools="tools" in template)
+        rendered, template_tools = prompt_messages(plain, tools, template_renders_tools="tools" in template, fmt=fmt)
         template_kwargs = dict(request.chat_template_kwargs or {})
         if request.reasoning_effort is not None:
             template_kwargs.setdefault("reasoning_effort", request.reasoning_effort)
@@ -147,6 +156,7 @@ class OpenAIServingChat(OpenAIServing):
         parsers = {c.index: prep.parser() for c in run.choices}
         splitters = {c.index: prep.splitter() for c in run.choices}
         reasoning: dict[int, list[str]] = {c.index: [] for c in run.choices}
+        thinking = {c.index: False for c in run.choices}
         messages = {c.index: CollectedMessage() for c in run.choices}
         logprobs: dict[int, list[TokenLogprob]] = {c.index: [] for c in run.choices}
         async with aclosing(run.chunks()) as chunks:
@@ -156,6 +166,8 @@ class OpenAIServingChat(OpenAIServing):
                     raise self.abort_error(finish)
                 thought, events = self._parse(prep, parsers[choice.index], splitters[choice.index], chunk)
                 reasoning[choice.index].append(thought)
+                if finish is not None:
+                    thinking[choice.index] = _still_thinking(splitters[choice.index])
                 messages[choice.index].add(events)
                 logprobs[choice.index] += self._logprobs(prep.params, chunk)
         out = []
@@ -167,7 +179,7 @@ class OpenAIServingChat(OpenAIServing):
             lp = ChoiceLogprobs(content=logprobs[c.index]) if prep.params.logprobs else None
             hidden = c.hidden_states if prep.params.return_hidden_states else None
             routed = routed_fields(prep.params, c.routed_experts, c.routed_expert_weights)
-            out.append(ChatChoice(index=c.index, message=message, logprobs=lp, finish_reason=_finish_reason(c, prep.mode, bool(calls)), hidden_states=hidden, **routed))
+            out.append(ChatChoice(index=c.index, message=message, logprobs=lp, finish_reason=_finish_reason(c, prep.mode, bool(calls), thinking[c.index]), hidden_states=hidden, **routed))
         return ChatCompletionResponse(id=_response_id(), model=self.config.model_name, choices=out, usage=usage_of(run.choices))
 
     # ------------------------------------------------------------------ streamed response
@@ -209,7 +221,8 @@ class OpenAIServingChat(OpenAIServing):
                         lp = ChoiceLogprobs(content=token_logprobs) if k == 0 and prep.params.logprobs else None
                         yield chunk(choice.index, delta, logprobs=lp, **(routed if k == 0 else {}))
                     if finish is not None:
-                        yield chunk(choice.index, DeltaMessage(), finish_reason=_finish_reason(choice, prep.mode, calls_made[choice.index]))
+                        reason = _finish_reason(choice, prep.mode, calls_made[choice.index], _still_thinking(splitters[choice.index]))
+                        yield chunk(choice.index, DeltaMessage(), finish_reason=reason)
             if wants_usage(prep.request):
                 yield usage_chunk()
         except APIError as exc:
@@ -235,8 +248,9 @@ class OpenAIServingChat(OpenAIServing):
             thought, text = thought + more_thought, text + more_text
         events = parser.feed(text)
         if finish is not None:
-            if prep.stop_after_first_call and finish.get("matched") == CALL_CLOSE:
-                events += parser.feed(CALL_CLOSE)  # the stop string was cut from the text
+            close = prep.fmt.close
+            if prep.stop_after_first_call and close is not None and finish.get("matched") == close:
+                events += parser.feed(close)  # the stop string was cut from the text
             events += parser.finish()
         return thought, events
 
@@ -303,12 +317,21 @@ def _deltas(events: list[ParsedEvent]) -> list[DeltaMessage]:
     return out
 
 
-def _finish_reason(choice: Choice, mode: ToolMode, called: bool) -> str:
+def _finish_reason(choice: Choice, mode: ToolMode, called: bool, thinking: bool = False) -> str:
     """OpenAI's: ``tool_calls`` when ``auto`` or ``required`` produced calls; a named function
-    ends with ``stop`` (as OpenAI answers it), a cut output with ``length``."""
+    ends with ``stop`` (as OpenAI answers it), a cut output with ``length``. An output that ended
+    inside the reasoning (no answer at all) says so: ``reasoning_length`` when max_tokens ran out
+    there, ``reasoning_stop`` when the model ended (EOS, a stop) before closing it."""
     assert choice.finish is not None
     reason = openai_finish_reason(choice.finish)
+    if thinking and reason in ("stop", "length"):
+        return "reasoning_" + reason
     return "tool_calls" if reason == "stop" and called and mode in ("auto", "required") else reason
+
+
+def _still_thinking(splitter: ReasoningSplitter | None) -> bool:
+    """The output ended before the reasoning did (called once the splitter has finished)."""
+    return splitter is not None and not splitter.done
 
 
 

@@ -1,7 +1,8 @@
 """Tool calling: how tools reach the prompt, how calls are constrained, and how calls are read
 back out of the text (whole or streamed).
 
-The call syntax is Hermes' (Qwen2.5, SmolLM2-1.7B, Hermes models)::
+The call syntax is the model family's (``tool_formats``: Hermes / Qwen, Llama 3 JSON, Mistral
+``[TOOL_CALLS]`` or the generic JSON object); Hermes' by default::
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -9,11 +10,12 @@ The call syntax is Hermes' (Qwen2.5, SmolLM2-1.7B, Hermes models)::
 
 How each ``tool_choice`` is enforced (``tool_mode`` names it; always through ``SamplingParams``):
 
-* ``auto`` (the default when tools are given): a structural tag. Text is free until the trigger
-  ``<tool_call>``; from there the grammar forces one tool's ``begin`` (which contains its name),
-  a JSON body valid against that tool's ``parameters`` and the ``end``. So a call, when the model
-  makes one, always parses and its arguments validate. With ``parallel_tool_calls=false`` the
-  request also stops at the first ``</tool_call>``. Budget-aware closing lets a call start only
+* ``auto`` (the default when tools are given): a structural tag. Text is free until the format's
+  trigger (``<tool_call>``, ``{"name"``, ``[TOOL_CALLS]``); from there the grammar forces one
+  tool's ``begin`` (which contains its name), a JSON body valid against that tool's
+  ``parameters`` and the ``end``. So a call, when the model makes one, always parses and its
+  arguments validate. With ``parallel_tool_calls=false`` the request also stops at the first
+  ``</tool_call>`` (Hermes; other syntaxes have no such stop string, so later calls are dropped). Budget-aware closing lets a call start only
   when the grammar can still finish it within ``max_tokens`` (counting a byte per token): leave
   room for a whole call, or the model is steered to write around the trigger.
 * ``required``: the whole output is a JSON array of ``{"name", "arguments"}`` objects, each
@@ -41,22 +43,24 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
 from ..sampling_params import InvalidSamplingParams
+from .tool_formats import HERMES, ToolCallFormat
 
-CALL_OPEN = "<tool_call>"
+# Hermes' syntax, the default.
+CALL_OPEN = HERMES.trigger
 CALL_CLOSE = "</tool_call>"
 # The text that ends a call: the closing brace of {"name": ..., "arguments": ...}, then the tag.
-CALL_END = "}\n" + CALL_CLOSE
+CALL_END = HERMES.end
 
 ToolMode = Literal["none", "auto", "required", "named"]
 
 
 def call_begin(name: str) -> str:
-    """The fixed text of a call up to its arguments object."""
-    return f'{CALL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
+    """The fixed text of a Hermes call up to its arguments object."""
+    return HERMES.begin(name)
 
 
-def render_call(name: str, arguments: str) -> str:
-    return call_begin(name) + arguments + CALL_END
+def render_call(name: str, arguments: str, fmt: ToolCallFormat = HERMES) -> str:
+    return fmt.render(name, arguments)
 
 
 def new_call_id() -> str:
@@ -74,13 +78,13 @@ def tool_mode(tools: list[dict] | None, tool_choice: Any) -> ToolMode:
     return "named"
 
 
-def auto_structural_tag(tools: list[dict]) -> dict[str, Any]:
-    """The structural tag for ``auto``: free text, then calls in the Hermes syntax."""
+def auto_structural_tag(tools: list[dict], fmt: ToolCallFormat = HERMES) -> dict[str, Any]:
+    """The structural tag for ``auto``: free text, then calls in ``fmt``'s syntax."""
     structures = [
-        {"begin": call_begin(t["function"]["name"]), "schema": t["function"].get("parameters") or {"type": "object"}, "end": CALL_END}
+        {"begin": fmt.begin(t["function"]["name"]), "schema": t["function"].get("parameters") or {"type": "object"}, "end": fmt.end}
         for t in tools
     ]
-    return {"structures": structures, "triggers": [CALL_OPEN]}
+    return {"structures": structures, "triggers": [fmt.trigger]}
 
 
 def forced_call_schema(choice: Any, tools: Any, parallel: bool = True) -> dict[str, Any]:
@@ -117,25 +121,25 @@ def forced_call_schema(choice: Any, tools: Any, parallel: bool = True) -> dict[s
 # ---------------------------------------------------------------------------------- prompting
 
 
-def tools_system_prompt(tools: list[dict]) -> str:
+def tools_system_prompt(tools: list[dict], fmt: ToolCallFormat = HERMES) -> str:
     listing = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
     return (
         "You can call functions to answer the user. The functions, described as JSON Schema, are listed "
         f"between <tools></tools>:\n<tools>\n{listing}\n</tools>\n"
-        "To call a function, reply with a JSON object that names it and gives its arguments, between "
-        f"{CALL_OPEN}{CALL_CLOSE} tags:\n{CALL_OPEN}\n"
-        '{"name": <function name>, "arguments": <arguments as a JSON object>}\n'
-        f"{CALL_CLOSE}"
+        "To call a function, reply with a JSON object that names it and gives its arguments, "
+        f"written exactly like this:\n{fmt.example()}"
     )
 
 
-def prompt_messages(messages: list[dict], tools: list[dict] | None, template_renders_tools: bool) -> tuple[list[dict], list[dict] | None]:
+def prompt_messages(
+    messages: list[dict], tools: list[dict] | None, template_renders_tools: bool, fmt: ToolCallFormat = HERMES
+) -> tuple[list[dict], list[dict] | None]:
     """Messages (plain dicts with text content) and the ``tools`` argument for the chat template."""
     if template_renders_tools:
         return [_for_template(m) for m in messages], tools or None
-    rendered = [_as_text_turn(m) for m in messages]
+    rendered = [_as_text_turn(m, fmt) for m in messages]
     if tools:
-        prompt = tools_system_prompt(tools)
+        prompt = tools_system_prompt(tools, fmt)
         if rendered and rendered[0]["role"] == "system":
             rendered[0] = {"role": "system", "content": f"{prompt}\n\n{rendered[0]['content']}"}
         else:
@@ -143,11 +147,11 @@ def prompt_messages(messages: list[dict], tools: list[dict] | None, template_ren
     return rendered, None
 
 
-def _as_text_turn(message: dict) -> dict:
+def _as_text_turn(message: dict, fmt: ToolCallFormat = HERMES) -> dict:
     calls = message.get("tool_calls") or []
     content = message.get("content") or ""
     if calls:
-        rendered = "\n".join(render_call(c["function"]["name"], c["function"]["arguments"]) for c in calls)
+        rendered = "\n".join(fmt.render(c["function"]["name"], c["function"]["arguments"]) for c in calls)
         content = f"{content}\n{rendered}" if content else rendered
     return {"role": message["role"], "content": content}
 
@@ -215,22 +219,33 @@ class PlainParser(ToolCallParser):
         return []
 
 
-class HermesParser(ToolCallParser):
-    """``auto``: content, and calls between ``<tool_call>`` and ``</tool_call>``.
+class TaggedCallParser(ToolCallParser):
+    """``auto``: content, and calls written in ``fmt``'s syntax (``begin(name)``, an arguments
+    object, ``end``).
 
-    Text that may be the start of the trigger (or, inside a call, of its end) is held back until
-    the next delta settles it. Trailing whitespace is held too, and dropped at the end if calls
-    were made (the newlines around calls are not part of an answer).
+    Text that may be the start of the trigger (or of a dropped marker) is held back until the next
+    delta settles it. Arguments stream as they come; their end is found by following the JSON
+    object's nesting (strings and escapes included), so an ``end`` that also occurs inside the
+    arguments (Llama 3's ``}``) is never mistaken. Trailing whitespace (and the format's call
+    separators) is held too, and dropped at the end if calls were made. With ``max_calls``, text
+    after that many calls is dropped (``parallel_tool_calls=false`` for syntaxes with no stop).
     """
 
-    def __init__(self, tool_names: list[str]) -> None:
-        self.begins = {call_begin(n): n for n in tool_names}
+    def __init__(self, tool_names: list[str], fmt: ToolCallFormat = HERMES, max_calls: int | None = None) -> None:
+        self.fmt = fmt
+        self.begins = {fmt.begin(n): n for n in tool_names}
+        self.markers = (fmt.trigger, *fmt.dropped)
+        self.max_calls = max_calls
         self.buffer = ""
-        self.call_index: int | None = None  # index of the call being read
+        self.call_index: int | None = None  # index of the call whose arguments are being read
+        self.in_end = False  # the arguments closed; the format's end text is being read
         self.calls = 0
         self.pending_space = ""
+        self._depth, self._in_string, self._escaped = 0, False, False
 
     def feed(self, text: str) -> list[ParsedEvent]:
+        if self.max_calls is not None and self.calls >= self.max_calls and self.call_index is None and not self.in_end:
+            return []
         self.buffer += text
         events: list[ParsedEvent] = []
         while self._step(events):
@@ -242,56 +257,105 @@ class HermesParser(ToolCallParser):
         if self.call_index is not None:  # cut inside a call (length): hand out what there is
             if self.buffer:
                 events.append(ParsedArguments(self.call_index, self.buffer))
-        else:
+        elif not self.in_end and not self._done():
             self._content(self.buffer, events)
             if self.pending_space and not self.calls:
                 events.append(ParsedContent(self.pending_space))
         self.buffer = self.pending_space = ""
         return events
 
+    def _done(self) -> bool:
+        return self.max_calls is not None and self.calls >= self.max_calls
+
     def _step(self, events: list[ParsedEvent]) -> bool:
         """Consume what can be decided from the buffer; True if there may be more to do."""
         if self.call_index is not None:
-            end = self.buffer.find(CALL_END)
-            if end < 0:
-                keep = _partial_suffix(self.buffer, CALL_END)
-                if len(self.buffer) > keep:
-                    events.append(ParsedArguments(self.call_index, self.buffer[: len(self.buffer) - keep]))
-                    self.buffer = self.buffer[len(self.buffer) - keep :]
-                return False
-            if end:
-                events.append(ParsedArguments(self.call_index, self.buffer[:end]))
-            self.buffer = self.buffer[end + len(CALL_END) :]
-            self.call_index = None
-            return True
-        start = self.buffer.find(CALL_OPEN)
-        if start < 0:
-            keep = _partial_suffix(self.buffer, CALL_OPEN)
+            return self._arguments(events)
+        if self.in_end:
+            end = self.fmt.end
+            if self.buffer.startswith(end) or not end.startswith(self.buffer[: len(end)]):
+                # The end as written, or (unconstrained) something else: the call is over.
+                self.buffer = self.buffer[len(end) :] if self.buffer.startswith(end) else self.buffer
+                self.in_end = False
+                if self._done():
+                    self.buffer = ""
+                    return False
+                return True
+            return False  # the end is still arriving
+        hits = [(self.buffer.find(m), m) for m in self.markers]
+        hits = [(i, m) for i, m in hits if i >= 0]
+        if not hits:
+            keep = max(_partial_suffix(self.buffer, m) for m in self.markers)
             self._content(self.buffer[: len(self.buffer) - keep], events)
             self.buffer = self.buffer[len(self.buffer) - keep :]
             return False
+        start, marker = min(hits)
         self._content(self.buffer[:start], events)
         self.buffer = self.buffer[start:]
+        if marker != self.fmt.trigger:  # a dropped marker
+            self.buffer = self.buffer[len(marker) :]
+            return True
         for begin, name in self.begins.items():
             if self.buffer.startswith(begin):
                 self.call_index, self.calls = self.calls, self.calls + 1
                 events.append(ParsedCallStart(self.call_index, new_call_id(), name))
                 self.buffer = self.buffer[len(begin) :]
+                self._depth, self._in_string, self._escaped = 0, False, False
                 return True
         if any(begin.startswith(self.buffer) for begin in self.begins):
             return False  # the begin is still arriving
         # Not a call after all (only possible without the constraint): the trigger is text.
-        self._content(CALL_OPEN, events)
-        self.buffer = self.buffer[len(CALL_OPEN) :]
+        self._content(self.fmt.trigger, events)
+        self.buffer = self.buffer[len(self.fmt.trigger) :]
         return True
 
+    def _arguments(self, events: list[ParsedEvent]) -> bool:
+        """Hand out arguments up to the close of their object; then read the end."""
+        assert self.call_index is not None
+        for i, c in enumerate(self.buffer):
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif c == "\\":
+                    self._escaped = True
+                elif c == '"':
+                    self._in_string = False
+            elif c == '"':
+                self._in_string = True
+            elif c in "[{":
+                self._depth += 1
+            elif c in "]}":
+                self._depth -= 1
+                if self._depth <= 0:
+                    events.append(ParsedArguments(self.call_index, self.buffer[: i + 1]))
+                    self.buffer = self.buffer[i + 1 :]
+                    self.call_index, self.in_end = None, True
+                    return True
+        if self.buffer:
+            events.append(ParsedArguments(self.call_index, self.buffer))
+            self.buffer = ""
+        return False
+
     def _content(self, text: str, events: list[ParsedEvent]) -> None:
-        """Emit content, holding trailing whitespace until more text shows it is not the last."""
-        body = text.rstrip()
+        """Emit content, holding trailing whitespace (and, once calls were made, call separators)
+        until more text shows it is not the last."""
+        if self._done():
+            return
+        body = text.rstrip(_SPACE + (self.fmt.separators if self.calls else ""))
         if body:
             events.append(ParsedContent(self.pending_space + body))
             self.pending_space = ""
         self.pending_space += text[len(body) :]
+
+
+_SPACE = " \t\r\n"
+
+
+class HermesParser(TaggedCallParser):
+    """``auto`` in the Hermes syntax (kept for callers that name it)."""
+
+    def __init__(self, tool_names: list[str]) -> None:
+        super().__init__(tool_names, HERMES)
 
 
 class CallArrayParser(ToolCallParser):
@@ -373,9 +437,11 @@ class NamedCallParser(ToolCallParser):
         return [ParsedCallStart(0, new_call_id(), self.name)]
 
 
-def make_parser(mode: ToolMode, tools: list[dict] | None, tool_choice: Any) -> ToolCallParser:
+def make_parser(
+    mode: ToolMode, tools: list[dict] | None, tool_choice: Any, fmt: ToolCallFormat = HERMES, max_calls: int | None = None
+) -> ToolCallParser:
     if mode == "auto":
-        return HermesParser([t["function"]["name"] for t in tools or []])
+        return TaggedCallParser([t["function"]["name"] for t in tools or []], fmt, max_calls)
     if mode == "required":
         return CallArrayParser()
     if mode == "named":

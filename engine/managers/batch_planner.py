@@ -3,7 +3,8 @@
 Every running request gets a row: a decoding request feeds its uncached tokens (one, or more
 after jump-forward), a request still prefilling feeds its next chunk. Waiting requests are
 admitted first come, first served while there are request slots, prefill budget
-(``chunked_prefill_size`` tokens per forward) and KV room (free plus evictable slots, keeping a
+(``chunked_prefill_size`` tokens per forward; ``decode_prefill_budget`` while any request is
+decoding, which bounds the inter-token latency of running streams) and KV room (free plus evictable slots, keeping a
 small reserve per running request for its next tokens); an admitted request starts from its
 longest prefix in the radix cache. A request whose uncached prompt shares a long prefix with one
 being prefilled right now waits a step, then reuses that prefill. Drafts (speculation) are
@@ -54,6 +55,9 @@ class BatchPlanner:
         when there is nothing to run."""
         reqs, counts = [], []
         budget = self.config.chunked_prefill_size
+        limit = self.config.decode_prefill_budget
+        if limit is not None and any(req.kv_len >= len(req.origin_input_ids) for req in running):
+            budget = min(budget, limit)  # decodes first: this step's prefill stays short
         for req in running:
             uncached = req.seq_len - req.kv_len
             if uncached <= 0:  # cannot happen; finishing it beats waiting forever

@@ -3,6 +3,12 @@ logprobs / hidden state when asked), advance the grammar (or watch for the end o
 section), check the finish rules, and, when the grammar admits exactly one continuation, append
 its tokens without sampling (jump-forward; they enter the next forward as one extend).
 
+While a reasoning section is open, the reasoning end tag is watched for (for a constrained
+request, or one with ``max_reasoning_tokens``); once the reasoning has used its budget, or only
+the room for the shortest constrained answer (and its EOS) is left in ``max_new_tokens``, "\n"
+plus the end tag is appended as forced tokens, like jump-forward (no logprobs are reported for
+them).
+
 Jump-forward re-tokenizes the forced text with the model's own tokenizer, so the model sees the
 tokens it would normally see, and keeps them only if their bytes are exactly the forced bytes
 and the grammar accepts each one. It is skipped for requests that asked for logprobs or hidden
@@ -25,6 +31,7 @@ from .detokenizer import TokenTexts
 from .finish_reason import FinishDeadEnd
 from .io_struct import BatchTokenIDOutput, ReqStepOutput
 from .req import Req
+from ..constrained.output_budget import min_output_tokens
 from ..constrained.jump_forward import forces_text, jump_forward_tokens, jumps_forward
 from .schedule_batch import RowResult, ScheduleBatch
 
@@ -36,6 +43,7 @@ class OutputProcessor:
         self.enable_jump_forward = enable_jump_forward
         self.reasoning_end = reasoning_end.encode("utf-8") if reasoning_end else None
         self.stats = {"sampled": 0, "forced": 0, "drafted_kept": 0}
+        self._close_ids: list[int] | None = None  # "\n" + the reasoning end tag, as the model's tokens
 
     # ------------------------------------------------------------------ per step
     def process(
@@ -67,6 +75,8 @@ class OutputProcessor:
                 req.hidden_states.append(logits.hidden_states[starts[row]].tolist())  # the state that chose the token
             if req.return_routed_experts and logits.routed_experts is not None:
                 self._record_routes(req, logits, starts[row], len(req.output_ids) - produced)
+            if not req.finished and not req.reasoning_done:
+                self._close_reasoning_if_due(req)
             if not req.finished:
                 self._jump_forward(req)
 
@@ -136,12 +146,12 @@ class OutputProcessor:
         req.output_ids.append(token)
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
-        if req.grammar is None:
-            return
         if not req.reasoning_done:
             tail = self.texts.token_bytes(req.output_ids[-len(self.reasoning_end or b"") - 1 :])
             if self.reasoning_end and tail.endswith(self.reasoning_end):
                 req.reasoning_done = True
+            return
+        if req.grammar is None:
             return
         try:
             accepted = req.grammar.accept_token(token)
@@ -150,6 +160,33 @@ class OutputProcessor:
             return
         if not accepted:
             req.abort(f"internal error: sampled token {token} is not allowed by the grammar")
+
+    def _close_reasoning_if_due(self, req: Req) -> None:
+        """Append the reasoning end tag (as forced tokens) once the reasoning has used its
+        budget, or once only the room for the shortest constrained answer is left."""
+        if self.reasoning_end is None:
+            return
+        close = self._reasoning_close_ids()
+        params = req.sampling_params
+        limits = [] if params.max_reasoning_tokens is None else [params.max_reasoning_tokens]
+        if req.grammar is not None and params.max_new_tokens is not None:
+            need = min_output_tokens(req.grammar.compiled)  # taken at compile time; only read here
+            if isinstance(need, int):
+                limits.append(params.max_new_tokens - len(close) - need - 1)  # and the EOS that ends it
+        if not limits or len(req.output_ids) < min(limits):
+            return
+        req.output_ids.extend(close)
+        req.forced_tokens += len(close)
+        self.stats["forced"] += len(close)
+        req.reasoning_done = True
+        req.check_finished(len(close))
+
+    def _reasoning_close_ids(self) -> list[int]:
+        if self._close_ids is None:
+            assert self.reasoning_end is not None
+            text = "\n" + self.reasoning_end.decode("utf-8")
+            self._close_ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self._close_ids
 
     def _jump_forward(self, req: Req) -> None:
         if not self._jumps_forward(req):

@@ -14,10 +14,12 @@ is EOS, a stop id, or ended the grammar (``stop`` with the token); a stop string
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from ..sampling_params import STOP_REGEX_WINDOW
 from .finish_reason import FinishAbort, FinishLength, FinishMatchedStr, FinishMatchedToken, FinishReason
 
 if TYPE_CHECKING:
@@ -127,6 +129,11 @@ class Req:
             if matched is not None:
                 self.finished_reason = FinishMatchedStr(matched)
                 return
+        if params.stop_regex:
+            matched = self._matched_stop_regex(new_tokens)
+            if matched is not None:
+                self.finished_reason = FinishMatchedStr(matched)
+                return
         if len(self.output_ids) >= self.max_new_tokens:
             self.finished_reason = FinishLength(self.max_new_tokens)
 
@@ -137,6 +144,17 @@ class Req:
         for stop in self.sampling_params.stop or ():
             if stop in tail:
                 return stop
+        return None
+
+    def _matched_stop_regex(self, new_tokens: int) -> str | None:
+        """The text a ``stop_regex`` matched in the output's tail (the first pattern that does)."""
+        if self.decode is None:
+            return None
+        tail = self.decode(self.output_ids[-(STOP_REGEX_WINDOW + new_tokens) :])
+        for pattern in self.sampling_params.stop_regex or ():
+            found = re.search(pattern, tail)
+            if found is not None and found.group(0):
+                return found.group(0)
         return None
 
     def tail_text(self, new_tokens: int) -> str | None:

@@ -32,10 +32,12 @@ from grammar import GrammarError, GrammarMatcher, TokenVocabulary
 
 from ..constrained.bitmask_filler import fill_grammar_masks
 from ..constrained.grammar_backend import GrammarBackend
+from ..constrained.output_budget import check_output_budget
 from ..constrained.reasoning import prompt_closes_reasoning
 from ..mem_cache.radix_cache import RadixCache
 from ..model_executor.model_runner import ModelRunner
 from ..sampling.sampling_batch_info import make_generator
+from ..sampling_params import InvalidSamplingParams
 from .detokenizer import TokenTexts
 from .io_struct import BatchTokenIDOutput
 from .output_processor import OutputProcessor
@@ -53,6 +55,7 @@ log = logging.getLogger("formcast.scheduler")
 class SchedulerConfig:
     max_running_requests: int = 64
     chunked_prefill_size: int = 512
+    decode_prefill_budget: int | None = None  # prompt tokens per forward while requests decode
     enable_prefix_cache: bool = True
     enable_jump_forward: bool = True
     reasoning_end: str | None = None
@@ -168,6 +171,9 @@ class Scheduler:
         req.generator = make_generator(req.sampling_params, self.runner.device)
         future = self.grammar_backend.submit(req.sampling_params)
         if future is None:
+            # Unconstrained: the reasoning is only watched when it has a budget to enforce.
+            if req.sampling_params.max_reasoning_tokens is not None:
+                req.reasoning_done = self._reasoning_closed_in_prompt(req)
             self.waiting.append(req)
         else:
             req.grammar_future = future
@@ -224,19 +230,25 @@ class Scheduler:
                 continue
             req.grammar_future = None
             try:
-                req.grammar = GrammarMatcher(future.result())
-            except GrammarError as exc:
+                compiled = future.result()
+                # The count was taken at compile time; reading it here touches nothing shared.
+                check_output_budget(compiled, req.sampling_params)
+                req.grammar = GrammarMatcher(compiled)
+            except (GrammarError, InvalidSamplingParams) as exc:  # refused, or no output fits the budget
                 self._finish_unscheduled(req, str(exc))
                 continue
             except Exception as exc:  # noqa: BLE001 - a compiler bug aborts this request only
                 log.exception("grammar compilation crashed")
                 self._finish_unscheduled(req, f"internal error compiling the constraint: {exc!r}")
                 continue
-            end = self.config.reasoning_end
-            # A template that closed the think block in the prompt leaves no reasoning to wait for.
-            req.reasoning_done = end is None or prompt_closes_reasoning(self.texts.text(req.origin_input_ids[-64:], skip_special_tokens=False), end)
+            req.reasoning_done = self._reasoning_closed_in_prompt(req)
             self.waiting.append(req)
         self.grammar_wait = still
+
+    def _reasoning_closed_in_prompt(self, req: Req) -> bool:
+        """No reasoning to wait for: none configured, or the template closed the think block."""
+        end = self.config.reasoning_end
+        return end is None or prompt_closes_reasoning(self.texts.text(req.origin_input_ids[-64:], skip_special_tokens=False), end)
 
     # ------------------------------------------------------------------ running
     def _run_batch(self, batch: ScheduleBatch) -> None:
