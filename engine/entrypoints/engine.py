@@ -39,6 +39,7 @@ from grammar.token_masks import vocabulary_masks
 
 from ..constrained.grammar_backend import GrammarBackend
 from ..errors import PromptError  # defined with the other field errors; imported from here too
+from ..layers import cpu_kernel_warmup
 from ..managers.detokenizer import Detokenizer, TokenTexts
 from ..managers.io_struct import BatchTokenIDOutput, ReqStrOutput
 from ..managers.req import Req
@@ -73,6 +74,9 @@ class Engine:
         self.tokenizer = load_tokenizer(args.tokenizer_path or self.runner.model_path)
         self.vocab = _with_model_eos(TokenVocabulary.from_tokenizer(self.tokenizer), self.runner.model_config.eos_token_ids)
         self.context_len = self.runner.context_len
+        if self.runner.device.type == "cpu":  # compiled here (cold) while the grammar's children compile theirs
+            cfg = self.runner.model_config
+            cpu_kernel_warmup.warm_up(self.runner.dtype, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, self.runner.token_to_kv_pool.dtype)
         kernels.wait(progress=lambda line: print(line, file=sys.stderr, flush=True))
         vocabulary_masks(self.vocab)  # the token trie and the mask kernels, loaded before ready
         self.grammar_backend = GrammarBackend(
