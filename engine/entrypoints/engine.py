@@ -61,6 +61,8 @@ class Engine:
         # A fresh install compiles the grammar kernels in child processes while the model loads;
         # they are loaded before the engine is ready, so no request waits for a JIT compile.
         kernels = jit_warmup.start()
+        if kernels.procs:  # a progress line at once: the model load that follows says nothing
+            print("formcast: first start after install: compiling kernels (once) while the model loads...", file=sys.stderr, flush=True)
         self.runner = ModelRunner(
             args.model_path,
             dtype=args.dtype,
