@@ -127,7 +127,8 @@ def main() -> None:
             if c.times and w.times:
                 split = (f" (ready {c.times['ready']:.1f} / {w.times['ready']:.1f} s, "
                          f"first token {c.times['first_token']:.1f} / {w.times['first_token']:.1f} s)")
-            print(f"| {name}{split} | {root.name} | {c.text()} | {c.cpu:.1f} | {c.versions} | {w.text()} | {w.cpu:.1f} | "
+            warm_text = w.text() + (" (cold run stopped: not warm)" if c.timed_out else "")
+            print(f"| {name}{split} | {root.name} | {c.text()} | {c.cpu:.1f} | {c.versions} | {warm_text} | {w.cpu:.1f} | "
                   f"{c.wall / w.wall:.2f} | {c.wall / cold[0].wall:.2f} |", flush=True)
 
 
