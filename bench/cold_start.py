@@ -7,24 +7,32 @@ Scenarios:
   date-time / uuid / null, the issue's example) and its first mask, byte-level vocabulary.
 - ``engine-first-token``: ``Engine()`` (embedded SmolLM2) to the first token of a JSON-schema
   constrained request; the engine compiles the kernels in child processes while the model loads.
+  Its cells also give the seconds to ``Engine()`` ready and from ready to the first token.
 - ``demo``: ``formcast generate`` of the Makefile's demo (JSON record about Marie Curie).
 
-Wall seconds and the CPU seconds of the whole process tree (user + system) per cell; on a
-machine other processes load, CPU seconds are the steadier figure. The on-disk grammar store is
-off (``FORMCAST_GRAMMAR_CACHE=off``) so that only numba's cache is cold or warm.
+``--roots`` runs the same scenarios against several source trees (e.g. a checkout of main
+before a change and the working tree after it) in one run window, cell by cell, so that the
+load other processes put on the machine hits both alike; the table gives each tree's figures
+and the ratio to the first tree's. Wall seconds, CPU seconds of the whole process tree (user +
+system; on a loaded machine the steadier figure) and, for cold cells, how many compiled kernel
+versions the run left in numba's cache (``.nbc`` files). A cell that runs past ``--timeout`` is
+reported as such instead of stopping the bench. The on-disk grammar store is off
+(``FORMCAST_GRAMMAR_CACHE=off``) so that only numba's cache is cold or warm.
 
-    python bench/cold_start.py [--only first-compile,engine-first-token,demo]
+    python bench/cold_start.py [--only first-compile,demo] [--roots /path/to/main,.] [--timeout 600]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,53 +48,88 @@ c = compile_json_schema(json.loads({SCHEMA!r}), TokenVocabulary.byte_level())
 c.token_mask(c.initial_state)
 """
 ENGINE_FIRST_TOKEN = f"""
+import json, time
+t0 = time.perf_counter()
 from engine import Engine
 with Engine() as e:
+    t1 = time.perf_counter()
     out = e.generate("Dates:", {{"json_schema": {SCHEMA!r}, "max_new_tokens": 1}})
+    t2 = time.perf_counter()
     assert out["meta_info"]["completion_tokens"] == 1, out
+print("TIMES " + json.dumps({{"ready": t1 - t0, "first_token": t2 - t1}}))
 """
 
-
-def _python(code: str) -> list[str]:
-    return [sys.executable, "-c", code]
-
-
 SCENARIOS = {
-    "first-compile": lambda: _python(FIRST_COMPILE),
-    "engine-first-token": lambda: _python(ENGINE_FIRST_TOKEN),
+    "first-compile": lambda: [sys.executable, "-c", FIRST_COMPILE],
+    "engine-first-token": lambda: [sys.executable, "-c", ENGINE_FIRST_TOKEN],
     "demo": lambda: [sys.executable, "-m", "engine.entrypoints.cli", "generate", "--json-schema", DEMO_SCHEMA,
                      "--prompt", "Give me a JSON record about Marie Curie.", "--max-new-tokens", "96"],
 }
 
 
-def run(cmd: list[str], numba_dir: str) -> tuple[float, float]:
+@dataclass
+class Cell:
+    wall: float
+    cpu: float
+    versions: int  # compiled kernel versions in the cache after the run
+    times: dict | None = None  # the engine scenario's own split
+    timed_out: bool = False
+
+    def text(self) -> str:
+        if self.timed_out:
+            return f">{self.wall:.0f}"
+        return f"{self.wall:.1f}"
+
+
+def run(cmd: list[str], root: Path, numba_dir: str, timeout: float) -> Cell:
     env = dict(os.environ, NUMBA_CACHE_DIR=numba_dir, FORMCAST_GRAMMAR_CACHE="off",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+               PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p))
+    env.pop("FORMCAST_NO_JIT_WARMUP", None)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    # A session of its own: on a timeout the whole tree (warm-up children included) is stopped.
+    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        timed_out = True
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{cmd[:3]} failed: {proc.stderr[-2000:]}")
+    if proc.returncode != 0 and not timed_out:
+        raise RuntimeError(f"{cmd[:3]} in {root} failed: {err[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu
+    times = next((json.loads(line[6:]) for line in out.splitlines() if line.startswith("TIMES ")), None)
+    return Cell(wall, cpu, sum(1 for _ in Path(numba_dir).rglob("*.nbc")), times, timed_out)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default=",".join(SCENARIOS))
+    parser.add_argument("--roots", default=str(ROOT), help="comma-separated source trees; ratios are to the first")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per cell")
     args = parser.parse_args()
-    rows = []
+    roots = [Path(r).resolve() for r in args.roots.split(",")]
+    print("| scenario | tree | cold wall s | cold CPU s | kernel versions | warm wall s | warm CPU s | cold / warm | cold wall / first tree's |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
     for name in args.only.split(","):
-        with tempfile.TemporaryDirectory(prefix="numba-cold-") as numba_dir:
-            cold = run(SCENARIOS[name](), numba_dir)
-            warm = run(SCENARIOS[name](), numba_dir)
-        rows.append((name, cold, warm))
-        print(f"  {name}: cold {cold[0]:.1f} s, warm {warm[0]:.1f} s", file=sys.stderr, flush=True)
-    print(f"{'scenario':<20} {'cold wall s':>11} {'cold cpu s':>10} {'warm wall s':>11} {'warm cpu s':>10} {'cold/warm wall':>14}")
-    for name, (cw, cc), (ww, wc) in rows:
-        print(f"{name:<20} {cw:>11.1f} {cc:>10.1f} {ww:>11.1f} {wc:>10.1f} {cw / ww:>14.2f}")
+        dirs = [tempfile.TemporaryDirectory(prefix="numba-cold-") for _ in roots]
+        try:
+            cold = [run(SCENARIOS[name](), root, d.name, args.timeout) for root, d in zip(roots, dirs)]
+            warm = [run(SCENARIOS[name](), root, d.name, args.timeout) for root, d in zip(roots, dirs)]
+        finally:
+            for d in dirs:
+                d.cleanup()
+        for root, c, w in zip(roots, cold, warm):  # each scenario's rows as soon as they are measured
+            split = ""
+            if c.times and w.times:
+                split = (f" (ready {c.times['ready']:.1f} / {w.times['ready']:.1f} s, "
+                         f"first token {c.times['first_token']:.1f} / {w.times['first_token']:.1f} s)")
+            warm_text = w.text() + (" (cold run stopped: not warm)" if c.timed_out else "")
+            print(f"| {name}{split} | {root.name} | {c.text()} | {c.cpu:.1f} | {c.versions} | {warm_text} | {w.cpu:.1f} | "
+                  f"{c.wall / w.wall:.2f} | {c.wall / cold[0].wall:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

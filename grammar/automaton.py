@@ -70,7 +70,7 @@ class LazyAutomaton:
         )
         self._max_depth: dict[int, int] = {}
         with self.lock:
-            self.initial_state = self.check_status(det.initial_config(self.core, nfa.root_rule))
+            self.initial_state = self.check_status(det.initial_config(self.core, int(nfa.root_rule)))
         if self.initial_state == DEAD:
             raise GrammarError("the grammar accepts no string at all (empty language)")
 
@@ -111,7 +111,7 @@ class LazyAutomaton:
         if det.core_row_done(self.core)[state]:
             return
         with self.lock:
-            self.check_status(det.expand_row(self.core, state))
+            self.check_status(det.expand_row(self.core, int(state)))
 
     def step(self, state: int, byte: int) -> int:
         self.expand(state)
@@ -119,7 +119,7 @@ class LazyAutomaton:
 
     def step_bytes(self, state: int, data: bytes) -> int:
         with self.lock:
-            return self.check_status(det.step_bytes(self.core, state, np.frombuffer(data, dtype=np.uint8)))
+            return self.check_status(det.step_bytes(self.core, int(state), np.frombuffer(data, dtype=np.uint8)))
 
     def is_accepting(self, state: int) -> bool:
         return state >= 0 and bool(self.accepting[state])
@@ -130,13 +130,13 @@ class LazyAutomaton:
         depth = self._max_depth.get(state)
         if depth is None:
             with self.lock:
-                depth = self._max_depth[state] = int(det.config_depth(self.core, state))
+                depth = self._max_depth[state] = int(det.config_depth(self.core, int(state)))
         return depth
 
     def live_bytes(self, state: int) -> int:
         """How many bytes lead somewhere from ``state`` (its row computed if it was not)."""
         with self.lock:
-            status, n = det.live_bytes(self.core, state)
+            status, n = det.live_bytes(self.core, int(state))
         self.check_status(int(status))
         return int(n)
 
@@ -147,14 +147,14 @@ class LazyAutomaton:
         state, so its token mask is computed once and shared; a token that pops into the hole
         (its configuration has ``exits`` set) must then be checked against the real stack."""
         with self.lock:
-            return self.check_status(det.truncate(self.core, state, keep))
+            return self.check_status(det.truncate(self.core, int(state), keep))
 
     def split(self, state: int) -> np.ndarray:
         """One configuration per stack node of ``state`` (int32): their languages unite into
         ``state``'s, so its mask is the union of theirs, and a node met in many configurations
         (a key inside every position of an object) has its part computed once."""
         with self.lock:
-            parts, status = det.split_config(self.core, state)
+            parts, status = det.split_config(self.core, int(state))
         self.check_status(int(status))
         return parts
 
@@ -164,7 +164,7 @@ class LazyAutomaton:
         live bytes, one that mostly loops, exit flags that differ, or rows that agree on fewer
         than half of its live bytes."""
         with self.lock:
-            sibling, differ, status = det.sibling_of(self.core, state, min_live, depth, max_pairs)
+            sibling, differ, status = det.sibling_of(self.core, int(state), min_live, depth, max_pairs)
         self.check_status(int(status))
         return None if sibling < 0 else (int(sibling), differ)
 
@@ -173,7 +173,7 @@ class LazyAutomaton:
         both dead, on every byte string within ``depth`` bytes, through equal exit flags (at most
         ``max_pairs`` pairs of states examined; past that, the bytes count as differing)."""
         with self.lock:
-            out, status = det.differing_bytes(self.core, state, other, depth, max_pairs)
+            out, status = det.differing_bytes(self.core, int(state), int(other), depth, max_pairs)
         self.check_status(int(status))
         return out
 
@@ -189,7 +189,7 @@ class LazyAutomaton:
     def config_size(self, state: int) -> int:
         """How many stack nodes configuration ``state`` holds."""
         with self.lock:
-            return int(det.config_size(self.core, state))
+            return int(det.config_size(self.core, int(state)))
 
     def config_stacks(self, state: int) -> tuple[int, ...]:
         """The kernel node ids of configuration ``state``."""

@@ -64,8 +64,9 @@ def _product(a: CharDFA, b: CharDFA, op: str) -> CharDFA:
     ta, tb = _refine(a, bounds), _refine(b, bounds)
     na, nb = a.num_states, b.num_states
     # Dead becomes a real sink (index na / nb) so union and difference see it.
-    ta = np.vstack([np.where(ta < 0, na, ta), np.full((1, ta.shape[1]), na, dtype=np.int32)]).astype(np.int64)
-    tb = np.vstack([np.where(tb < 0, nb, tb), np.full((1, tb.shape[1]), nb, dtype=np.int32)]).astype(np.int64)
+    # C-contiguous int64 whatever the refinement's layout: the kernel compiles once per layout.
+    ta = np.ascontiguousarray(np.vstack([np.where(ta < 0, na, ta), np.full((1, ta.shape[1]), na, dtype=np.int32)]), dtype=np.int64)
+    tb = np.ascontiguousarray(np.vstack([np.where(tb < 0, nb, tb), np.full((1, tb.shape[1]), nb, dtype=np.int32)]), dtype=np.int64)
     acc_a = np.append(a.accepting, False)
     acc_b = np.append(b.accepting, False)
     table, codes = product_kernel(ta, tb, _OPS[op], MAX_DFA_STATES)

@@ -40,6 +40,11 @@ ERR_STATES, ERR_DEPTH, ERR_CLOSURE = -10, -11, -12
 
 _FNV_OFFSET = np.uint64(1469598103934665603)
 _FNV_PRIME = np.uint64(1099511628211)
+# Every integer a kernel passes to another is an int64 made with I64: numba compiles a callee
+# once per argument type, and a literal constant (``Literal[int](0)``) or an int32 read from an
+# array is a type of its own; passed as they come, they made 35 extra compiled versions of the
+# kernels below (minutes of a cold start). tests/test_compile_cache.py counts them.
+I64 = np.int64
 
 
 @structref.register
@@ -80,9 +85,9 @@ structref.define_proxy(Core, CoreType, _FIELDS)
 
 
 @njit(cache=True, nogil=True)
-def _hash_run(pool, start, n, salt):  # pragma: no cover - compiled
+def _hash_run(pool, n, salt):  # pragma: no cover - compiled
     h = _FNV_OFFSET ^ np.uint64(salt)
-    for i in range(start, start + n):
+    for i in range(n):
         h = (h ^ np.uint64(pool[i] + 7)) * _FNV_PRIME
     return np.int64(h >> np.uint64(1))
 
@@ -206,7 +211,7 @@ def static_core(table, exits):  # pragma: no cover
     """A Core over a complete transition table (every row computed): walkable, never expanded."""
     empty = np.zeros(1, np.int32)
     no = np.zeros(1, np.bool_)
-    c = new_core(empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, no, no, 0, 0, 0)
+    c = new_core(empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, no, no, I64(0), I64(0), I64(0))
     c.table = table
     c.row_done = np.ones(table.shape[0], np.bool_)
     c.exits = exits
@@ -319,7 +324,7 @@ def intern_node(c, q, ps):  # pragma: no cover
         c.node_q = _grow_int32(c.node_q, nid + 1, 0)
         c.node_ps = _grow_int32(c.node_ps, nid + 1, 0)
         c.node_depth = _grow_int32(c.node_depth, nid + 1, 0)
-        c.clo_start = _grow_int64(c.clo_start, nid + 1, -1)
+        c.clo_start = _grow_int64(c.clo_start, nid + 1, I64(-1))
         c.clo_len = _grow_int32(c.clo_len, nid + 1, 0)
         c.clo_flags = _grow_int8(c.clo_flags, nid + 1)
         c.mark = _grow_int32(c.mark, nid + 1, 0)
@@ -332,7 +337,7 @@ def intern_node(c, q, ps):  # pragma: no cover
     c.nmap_n += 1
     if c.nmap_old_vals.shape[0] > 1:
         c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _advance_move(
-            c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved, _MOVE_PER_INSERT)
+            c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved, I64(_MOVE_PER_INSERT))
     return nid
 
 
@@ -365,7 +370,7 @@ def intern_parents(c, buf, n):  # pragma: no cover
     if 2 * (c.psmap_n + 1) > c.psmap_keys.shape[0]:
         c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _begin_move(
             c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved)
-    key = _hash_run(buf, 0, n, 0)
+    key = _hash_run(buf, n, I64(0))
     found, h = _find_run(c.psmap_keys, c.psmap_vals, key, c.ps_pool, c.ps_start, c.ps_len, buf, n)
     if found >= 0:
         return found
@@ -375,7 +380,7 @@ def intern_parents(c, buf, n):  # pragma: no cover
             return found
     ps = c.n_ps
     if ps == c.ps_start.shape[0]:
-        c.ps_start = _grow_int64(c.ps_start, ps + 1, 0)
+        c.ps_start = _grow_int64(c.ps_start, ps + 1, I64(0))
         c.ps_len = _grow_int32(c.ps_len, ps + 1, 0)
         c.ps_depth = _grow_int32(c.ps_depth, ps + 1, 0)
     if c.ps_pool_n + n > c.ps_pool.shape[0]:
@@ -395,7 +400,7 @@ def intern_parents(c, buf, n):  # pragma: no cover
     c.psmap_n += 1
     if c.psmap_old_vals.shape[0] > 1:
         c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _advance_move(
-            c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved, _MOVE_PER_INSERT)
+            c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved, I64(_MOVE_PER_INSERT))
     return ps
 
 
@@ -405,7 +410,7 @@ def intern_config(c, buf, n, flags):  # pragma: no cover
     if 2 * (c.cmap_n + 1) > c.cmap_keys.shape[0]:
         c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _begin_move(
             c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved)
-    key = _hash_run(buf, 0, n, flags)
+    key = _hash_run(buf, n, flags)
     found, h = _find_config(c, c.cmap_keys, c.cmap_vals, key, buf, n, flags)
     if found >= 0:
         return found
@@ -417,7 +422,7 @@ def intern_config(c, buf, n, flags):  # pragma: no cover
     if cid >= c.max_states:
         return ERR_STATES
     if cid == c.cfg_start.shape[0]:
-        c.cfg_start = _grow_int64(c.cfg_start, cid + 1, 0)
+        c.cfg_start = _grow_int64(c.cfg_start, cid + 1, I64(0))
         c.cfg_len = _grow_int32(c.cfg_len, cid + 1, 0)
         c.accepting = _grow_bool(c.accepting, cid + 1)
         c.exits = _grow_bool(c.exits, cid + 1)
@@ -441,7 +446,7 @@ def intern_config(c, buf, n, flags):  # pragma: no cover
     c.cmap_n += 1
     if c.cmap_old_vals.shape[0] > 1:
         c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _advance_move(
-            c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved, _MOVE_PER_INSERT)
+            c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved, I64(_MOVE_PER_INSERT))
     return cid
 
 
@@ -499,33 +504,33 @@ def closure(c, nid):  # pragma: no cover
         if visited > c.max_closure:
             return ERR_CLOSURE
         if c.has_edges[q]:
-            kernel = _push(kernel, nk, n)
+            kernel = _push(kernel, I64(nk), I64(n))
             nk += 1
         for e in range(c.eps_ptr[q], c.eps_ptr[q + 1]):
-            m = intern_node(c, c.eps_dst[e], ps)
+            m = intern_node(c, I64(c.eps_dst[e]), I64(ps))
             if m < 0:
                 return m
             if c.mark[m] != gen:
                 c.mark[m] = gen
-                stack = _push(stack, ns, m)
+                stack = _push(stack, I64(ns), I64(m))
                 ns += 1
         for e in range(c.call_ptr[q], c.call_ptr[q + 1]):
             callee, ret = c.call_callee[e], c.call_ret[e]
             if c.tail_ret[ret]:
                 # A call in tail position returns straight to the caller's caller: no frame, so
                 # right recursion (`list ::= item list?`) keeps the stack flat.
-                m = intern_node(c, c.rule_start[callee], ps)
+                m = intern_node(c, I64(c.rule_start[callee]), I64(ps))
             else:
-                r = intern_node(c, ret, ps)
+                r = intern_node(c, I64(ret), I64(ps))
                 if r < 0:
                     return r
                 one[0] = r
-                m = intern_node(c, c.rule_start[callee], intern_parents(c, one, 1))
+                m = intern_node(c, I64(c.rule_start[callee]), intern_parents(c, one, I64(1)))
             if m < 0:
                 return m
             if c.mark[m] != gen:
                 c.mark[m] = gen
-                stack = _push(stack, ns, m)
+                stack = _push(stack, I64(ns), I64(m))
                 ns += 1
         if c.final_rule[q] >= 0:  # the frame pops: continue in every parent
             start = c.ps_start[ps]
@@ -537,9 +542,9 @@ def closure(c, nid):  # pragma: no cover
                     flags |= EXITS
                 elif c.mark[p] != gen:
                     c.mark[p] = gen
-                    stack = _push(stack, ns, p)
+                    stack = _push(stack, I64(ns), I64(p))
                     ns += 1
-    nk = _sort_unique(kernel, nk)
+    nk = _sort_unique(kernel, I64(nk))
     if c.clo_pool_n + nk > c.clo_pool.shape[0]:
         c.clo_pool = _grow_pool(c.clo_pool, c.clo_pool_n + nk)
     c.clo_pool[c.clo_pool_n:c.clo_pool_n + nk] = kernel[:nk]
@@ -575,30 +580,30 @@ def _config_of_kernel(c, kernel, nk, flags):  # pragma: no cover
             for k in range(i, j):
                 ps = c.node_ps[np.int32(tops[k] & 0xFFFFFFFF)]
                 for t in range(c.ps_start[ps], c.ps_start[ps] + c.ps_len[ps]):
-                    members = _push(members, nm, c.ps_pool[t])
+                    members = _push(members, I64(nm), I64(c.ps_pool[t]))
                     nm += 1
-            nm = _sort_unique(members, nm)
-            merged = intern_node(c, np.int32(q), intern_parents(c, members, nm))
+            nm = _sort_unique(members, I64(nm))
+            merged = intern_node(c, I64(q), intern_parents(c, members, I64(nm)))
             if merged < 0:
                 return merged
             out[no] = merged
         no += 1
         i = j
     out[:no].sort()
-    return intern_config(c, out, no, flags)
+    return intern_config(c, out, I64(no), I64(flags))
 
 
 @njit(cache=True, nogil=True)
 def initial_config(c, root_rule):  # pragma: no cover
     bottom = np.full(1, EMPTY_STACK, np.int32)
-    root = intern_node(c, c.rule_start[root_rule], intern_parents(c, bottom, 1))
+    root = intern_node(c, I64(c.rule_start[root_rule]), intern_parents(c, bottom, I64(1)))
     if root < 0:
         return root
     status = closure(c, root)
     if status < 0:
         return status
     start, n = c.clo_start[root], c.clo_len[root]
-    return _config_of_kernel(c, c.clo_pool[start:start + n].copy(), n, np.int64(c.clo_flags[root]))
+    return _config_of_kernel(c, c.clo_pool[start:start + n].copy(), I64(n), I64(c.clo_flags[root]))
 
 
 # ---------------------------------------------------------------------------------- rows
@@ -642,11 +647,11 @@ def _step(c, cfg, b):  # pragma: no cover
             for k in range(i, j):
                 p = np.int32(seeds[k] & 0xFFFFFFFF)
                 for x in range(c.ps_start[p], c.ps_start[p] + c.ps_len[p]):
-                    members = _push(members, nm, c.ps_pool[x])
+                    members = _push(members, I64(nm), I64(c.ps_pool[x]))
                     nm += 1
-            nm = _sort_unique(members, nm)
-            ps = intern_parents(c, members, nm)
-        seed = intern_node(c, np.int32(t), ps)
+            nm = _sort_unique(members, I64(nm))
+            ps = intern_parents(c, members, I64(nm))
+        seed = intern_node(c, I64(t), I64(ps))
         if seed < 0:
             return seed
         status = closure(c, seed)  # (uses the visit marks: collect the kernels afterwards)
@@ -665,9 +670,9 @@ def _step(c, cfg, b):  # pragma: no cover
             m = c.clo_pool[x]
             if c.mark[m] != gen:
                 c.mark[m] = gen
-                kernel = _push(kernel, nk, m)
+                kernel = _push(kernel, I64(nk), I64(m))
                 nk += 1
-    return _config_of_kernel(c, kernel, nk, np.int64(flags))
+    return _config_of_kernel(c, kernel, I64(nk), I64(flags))
 
 
 @njit(cache=True, nogil=True)
@@ -708,9 +713,9 @@ def expand_row(c, cfg):  # pragma: no cover
         return 0
     b = 0
     while b < 256:
-        lo, hi = _segment(c, cfg, b)
+        lo, hi = _segment(c, cfg, I64(b))
         if c.table[cfg, b] == UNEXPANDED:
-            target = _step(c, cfg, b)
+            target = _step(c, cfg, I64(b))
             if target < DEAD:
                 return target
             c.table[cfg, lo:hi] = target
@@ -726,7 +731,7 @@ def step_bytes(c, cfg, data):  # pragma: no cover
         if cfg < 0:
             return cfg
         if c.table[cfg, b] == UNEXPANDED:
-            status = expand_cell(c, cfg, b)
+            status = expand_cell(c, I64(cfg), I64(b))
             if status < 0:
                 return status
         cfg = c.table[cfg, b]
@@ -737,7 +742,7 @@ def step_bytes(c, cfg, data):  # pragma: no cover
 def row_shape(c, cfg):  # pragma: no cover
     """(status, bytes looping back to ``cfg``, lowest live byte, highest live byte) of its row,
     computing the row first: what region detection asks of every state it sees."""
-    status = expand_row(c, cfg)
+    status = expand_row(c, I64(cfg))
     if status < 0:
         return status, 0, -1, -1
     loops, lo, hi = 0, -1, -1
@@ -769,13 +774,13 @@ def _truncated_node(c, nid, keep):  # pragma: no cover
         for i in range(c.ps_start[ps], c.ps_start[ps] + c.ps_len[ps]):
             p = c.ps_pool[i]
             if p >= 0:
-                p = _truncated_node(c, p, keep - 1)
+                p = _truncated_node(c, I64(p), keep - 1)
                 if p < 0:
                     return p
             members[nm] = p
             nm += 1
-        nm = _sort_unique(members, nm)
-    return intern_node(c, c.node_q[nid], intern_parents(c, members, nm))
+        nm = _sort_unique(members, I64(nm))
+    return intern_node(c, I64(c.node_q[nid]), intern_parents(c, members, I64(nm)))
 
 
 @njit(cache=True, nogil=True)
@@ -784,14 +789,14 @@ def truncate(c, cfg, keep):  # pragma: no cover
     start, n = c.cfg_start[cfg], c.cfg_len[cfg]
     kernel = np.empty(max(n, 1), np.int32)
     for i in range(n):
-        m = _truncated_node(c, c.cfg_pool[start + i], keep)
+        m = _truncated_node(c, I64(c.cfg_pool[start + i]), keep)
         if m < 0:
             return m
         kernel[i] = m
-    nk = _sort_unique(kernel, n)
+    nk = _sort_unique(kernel, I64(n))
     if nk == 0:
-        return intern_config(c, kernel, 0, 0)
-    return _config_of_kernel(c, kernel, nk, 0)
+        return intern_config(c, kernel, I64(0), I64(0))
+    return _config_of_kernel(c, kernel, I64(nk), I64(0))
 
 
 @njit(cache=True, nogil=True)
@@ -803,7 +808,7 @@ def split_config(c, cfg):  # pragma: no cover
     one = np.empty(1, np.int32)
     for i in range(n):
         one[0] = c.cfg_pool[start + i]
-        part = intern_config(c, one, 1, 0)
+        part = intern_config(c, one, I64(1), I64(0))
         if part < 0:
             return out[:0], part
         out[i] = part
@@ -829,10 +834,10 @@ def _agree(c, x, y, depth, budget):  # pragma: no cover
         budget[0] -= 1
         if d == 0 or a < 0 or b < 0 or budget[0] < 0 or c.exits[a] != c.exits[b]:
             return 0
-        status = expand_row(c, a)
+        status = expand_row(c, I64(a))
         if status < 0:
             return status
-        status = expand_row(c, b)
+        status = expand_row(c, I64(b))
         if status < 0:
             return status
         last_a, last_b = -5, -5
@@ -854,7 +859,7 @@ def _agree(c, x, y, depth, budget):  # pragma: no cover
 @njit(cache=True, nogil=True)
 def live_bytes(c, cfg):  # pragma: no cover
     """(status, how many bytes lead somewhere from ``cfg``), its row computed first."""
-    status = expand_row(c, cfg)
+    status = expand_row(c, I64(cfg))
     if status < 0:
         return status, 0
     n = 0
@@ -888,7 +893,7 @@ def sibling_of(c, s, min_live, depth, max_pairs):  # pragma: no cover
     least ``min_live`` live bytes, the sibling is another state with the same exit flag, and
     their rows agree on at least half as many bytes as ``s`` has live ones; else sibling -1."""
     none = np.empty(0, np.int64)
-    status = expand_row(c, s)
+    status = expand_row(c, I64(s))
     if status < 0:
         return -1, none, status
     targets = np.empty(256, np.int64)
@@ -916,7 +921,7 @@ def sibling_of(c, s, min_live, depth, max_pairs):  # pragma: no cover
     f = targets[best]
     if f == s or c.exits[f] != c.exits[s]:
         return -1, none, 0
-    status = expand_row(c, f)
+    status = expand_row(c, I64(f))
     if status < 0:
         return -1, none, status
     same = 0
@@ -937,10 +942,10 @@ def differing_bytes(c, s, f, depth, max_pairs):  # pragma: no cover
     status): only tokens starting with one of them can walk differently from the two."""
     out = np.empty(256, np.int64)
     no = 0
-    status = expand_row(c, s)
+    status = expand_row(c, I64(s))
     if status < 0:
         return out[:0], status
-    status = expand_row(c, f)
+    status = expand_row(c, I64(f))
     if status < 0:
         return out[:0], status
     budget = np.full(1, max_pairs, np.int64)

@@ -99,6 +99,25 @@ def warm_up_now(progress: Callable[[str], None] | None = None) -> bool:
     return start().wait(progress)
 
 
+def compiled_signatures() -> dict[str, list[str]]:
+    """What numba's cache holds for each kernel of :data:`KERNEL_MODULES`, for the current
+    sources: ``{"module.function": [signature, ...]}``, whichever process compiled them. Each
+    kernel should compile once (issue 25): another argument type (an int32 where an int64 was
+    passed before, a literal constant, another array layout) is a whole compile more."""
+    import importlib
+
+    from numba.core.registry import CPUDispatcher
+
+    out: dict[str, list[str]] = {}
+    for name in KERNEL_MODULES:
+        module = importlib.import_module(f"{__package__}.{name.removesuffix('.py')}")
+        for attr, value in vars(module).items():
+            if isinstance(value, CPUDispatcher) and value.__module__ == module.__name__ and value._cache is not None:
+                index = value._cache._cache_file._load_index()  # {} for another source stamp
+                out[f"{name.removesuffix('.py')}.{attr}"] = [str(key[0]) for key in index]
+    return out
+
+
 _tried = False
 
 

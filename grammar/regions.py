@@ -96,7 +96,7 @@ def _find_region_kernel(c, state, min_loop, max_region):  # pragma: no cover
         home = -1
         s = state
         for _ in range(3):  # the state after the continuation bytes of a multi-byte character
-            status = expand_row(c, s)
+            status = expand_row(c, np.int64(s))
             if status < 0:
                 return status, none, no_table, 0
             first = -1
@@ -126,7 +126,7 @@ def _find_region_kernel(c, state, min_loop, max_region):  # pragma: no cover
     found = np.empty(256, np.int32)
     i = 0
     while i < n:
-        status = expand_row(c, states[i])
+        status = expand_row(c, np.int64(states[i]))
         if status < 0:
             return status, none, no_table, 0
         top = 0x100 if i == 0 else 0xC0

@@ -113,7 +113,7 @@ def _walk_kernel(core, words, first_pos, begin, end, mode, state_at, tainted, bi
         b = np.int64(w & np.uint64(0xFF))
         ns = table[p, b]
         if ns == UNEXPANDED:
-            status = expand_cell(core, p, b)
+            status = expand_cell(core, np.int64(p), np.int64(b))
             if status < 0:
                 io[0], io[1], io[2] = status, i, nr
                 return
@@ -171,7 +171,7 @@ def _check_kernel(core, flat, offsets, lengths, positions, starts, skips, mode, 
             b = flat[base + j]
             ns = table[s, b]
             if ns == UNEXPANDED:
-                status = expand_cell(core, s, b)
+                status = expand_cell(core, np.int64(s), np.int64(b))
                 if status < 0:
                     return status
                 table = core.table

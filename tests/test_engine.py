@@ -294,3 +294,18 @@ def test_startup_heap_is_frozen_out_of_full_collections():
     assert gc.get_freeze_count() == 0
     with Engine(dtype="float32", max_total_tokens=500, num_threads=1, freeze_gc_after_startup=False):
         assert gc.get_freeze_count() == 0
+
+
+def test_no_request_compiles_a_cpu_kernel_after_ready():
+    # Issue 25: the engine runs its CPU kernels (linear loop, paged decode attention) before it
+    # reports ready, with the types a forward passes them, so a request compiles none of them.
+    from engine.layers import cpu_decode_attention, cpu_linear
+
+    with Engine(dtype="float32", max_total_tokens=500, num_threads=1) as eng:
+        cfg = eng.runner.model_config
+        kernels = [cpu_linear._linear_f32, cpu_decode_attention.kernel_for(cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, False)]
+        ready = [list(k.signatures) for k in kernels]
+        assert all(ready), "compiled or loaded before ready"
+        out = eng.generate("The capital of France is", {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True})
+        assert out["meta_info"]["completion_tokens"] == 4
+        assert [list(k.signatures) for k in kernels] == ready, "a forward compiled another version"

@@ -39,6 +39,7 @@ from grammar.token_masks import vocabulary_masks
 
 from ..constrained.grammar_backend import GrammarBackend
 from ..errors import PromptError  # defined with the other field errors; imported from here too
+from ..layers import cpu_kernel_warmup
 from ..managers.detokenizer import Detokenizer, TokenTexts
 from ..managers.io_struct import BatchTokenIDOutput, ReqStrOutput
 from ..managers.req import Req
@@ -61,6 +62,8 @@ class Engine:
         # A fresh install compiles the grammar kernels in child processes while the model loads;
         # they are loaded before the engine is ready, so no request waits for a JIT compile.
         kernels = jit_warmup.start()
+        if kernels.procs:  # a progress line at once: the model load that follows says nothing
+            print("formcast: first start after install: compiling kernels (once) while the model loads...", file=sys.stderr, flush=True)
         self.runner = ModelRunner(
             args.model_path,
             dtype=args.dtype,
@@ -75,6 +78,9 @@ class Engine:
         self.tokenizer = load_tokenizer(args.tokenizer_path or self.runner.model_path)
         self.vocab = _with_model_eos(TokenVocabulary.from_tokenizer(self.tokenizer), self.runner.model_config.eos_token_ids)
         self.context_len = self.runner.context_len
+        if self.runner.device.type == "cpu":  # compiled here (cold) while the grammar's children compile theirs
+            cfg = self.runner.model_config
+            cpu_kernel_warmup.warm_up(self.runner.dtype, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, self.runner.token_to_kv_pool.dtype)
         kernels.wait(progress=lambda line: print(line, file=sys.stderr, flush=True))
         vocabulary_masks(self.vocab)  # the token trie and the mask kernels, loaded before ready
         self.grammar_backend = GrammarBackend(

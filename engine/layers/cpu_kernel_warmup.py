@@ -1,0 +1,38 @@
+"""The engine's CPU kernels run once, on tiny arrays of the very types a forward passes them,
+before the engine reports ready (issue 25).
+
+On a fresh install numba's cache is empty, and the first forward would compile the linear loop
+(``cpu_linear``, first token) and the paged decode attention (``cpu_decode_attention``, second
+token) inside a request: measured 7 s and 17 s of wall time on a loaded 2-core machine. The
+engine calls :func:`warm_up` while the grammar kernels compile in their child processes, so the
+compiles overlap; on a warm cache it only loads them (milliseconds). A type that differed from a
+forward's (another dtype, layout or int width) would compile a second version on first use:
+``tests/test_engine.py`` checks that a generation adds none. Nothing here changes a result.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import cpu_decode_attention, cpu_linear
+
+
+def warm_up(weight_dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int, kv_dtype: torch.dtype) -> None:
+    """Run the linear loop for ``weight_dtype`` weights and the decode attention for the model's
+    head geometry over a ``kv_dtype`` cache (each only where a forward would use it)."""
+    if cpu_linear.njit is not None and weight_dtype in (torch.float32, torch.bfloat16):
+        x = np.ones((1, 8), np.float32)
+        out = np.empty((1, 4), np.float32)
+        if weight_dtype == torch.float32:
+            cpu_linear._linear_f32(x, np.ones((4, 8), np.float32), out)
+        else:
+            cpu_linear._linear_bf16(x, np.zeros((4, 8), np.uint16), out)
+    if cpu_decode_attention.available() and kv_dtype in (torch.float32, torch.bfloat16) and heads % kv_heads == 0:
+        bf16 = kv_dtype == torch.bfloat16
+        q = np.zeros((1, heads, head_dim), np.float32)
+        rows = np.zeros((2 * kv_heads, head_dim), np.uint16 if bf16 else np.float32)
+        one = np.ones(1, np.int64)
+        cpu_decode_attention.kernel_for(head_dim, heads // kv_heads, bf16)(
+            q, rows, rows, np.zeros(1, np.int64), np.zeros(1, np.int64), one, np.empty_like(q), np.float32(head_dim**-0.5), kv_heads
+        )
