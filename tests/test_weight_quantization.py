@@ -145,3 +145,24 @@ def test_engine_option_reaches_the_loader(tiny_folder):
     assert EngineArgs.from_options(str(tiny_folder), quantization="int4").quantization == "int4"
     config = json.loads((tiny_folder / "config.json").read_text())
     assert config["hidden_size"] % 32 == 0  # the tiny model's rows are whole groups
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_the_warm_up_compiles_what_a_forward_uses(tiny_folder, scheme):
+    """After ``warm_up_quantized`` a decode step and a long prefill add no compiled kernel version
+    (the engine calls it before it reports ready: no request waits for a JIT compile)."""
+    from numba.core.registry import CPUDispatcher
+
+    from engine.layers import cpu_kernel_warmup, ggml_quants
+
+    runner = ModelRunner(tiny_folder, quantization=scheme, max_total_tokens=256, max_running_requests=2)
+    cpu_kernel_warmup.warm_up_quantized(runner.model)
+    kernels = {n: d for n, d in vars(ggml_quants).items() if isinstance(d, CPUDispatcher)}
+    before = {n: len(d.signatures) for n, d in kernels.items()}
+    assert sum(before.values()) > 0
+    loop = GreedyLoop(runner)
+    row = loop.add(list(range(3, 3 + ggml_quants.MAX_QUANT_ROWS + 8)))  # the long-prefill path
+    row.tokens.append(int(loop.step([row]).argmax()))
+    loop.step([row])  # a decode step
+    loop.release(row)
+    assert {n: len(d.signatures) for n, d in kernels.items()} == before

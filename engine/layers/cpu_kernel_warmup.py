@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from . import cpu_decode_attention, cpu_linear
+from .ggml_quants import MAX_QUANT_ROWS, QuantizedWeight, StackedWeight
 
 
 def warm_up(weight_dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int, kv_dtype: torch.dtype) -> None:
@@ -36,3 +37,19 @@ def warm_up(weight_dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int,
         cpu_decode_attention.kernel_for(head_dim, heads // kv_heads, bf16)(
             q, rows, rows, np.zeros(1, np.int64), np.zeros(1, np.int64), one, np.empty_like(q), np.float32(head_dim**-0.5), kv_heads
         )
+
+
+def warm_up_quantized(model: torch.nn.Module) -> None:
+    """The block-format kernels of every encoding ``model`` holds (GGUF files, ``quantization=``):
+    two rows of one of its matrices multiply a decode-sized and a prefill-sized activation and
+    serve an embedding lookup, so the arrays have the forward's dtypes and layouts."""
+    seen: set[str] = set()
+    for value in list(vars(model).values()) + [v for m in model.modules() for v in vars(m).values()]:
+        parts = value.parts if isinstance(value, StackedWeight) else value if isinstance(value, list) else [value]
+        for w in parts:
+            if isinstance(w, QuantizedWeight) and w.type_name not in seen:
+                seen.add(w.type_name)
+                rows = w.take_rows(np.arange(min(2, w.shape[0])))
+                for m_rows in (1, MAX_QUANT_ROWS + 1):
+                    rows.matmul(torch.zeros(m_rows, w.shape[1]))
+                rows.embedding(torch.zeros(1, dtype=torch.int64))
