@@ -112,7 +112,7 @@ def test_fp16_rounding_matches_numpy():
         rng.standard_normal(2000) * 10.0 ** rng.integers(-9, 5, 2000),
         [0.0, -0.0, 65504.0, 65519.0, 1e-8, 6.1e-5, 5.96e-8, 2.98e-8, 1.0 + 2**-11, 1.0 + 3 * 2**-11],
     ]).astype(np.float32)  # fmt: skip
-    got = np.array([gq._round_half(np.float32(v)) for v in values], dtype=np.float32)
+    got = np.array([gq.round_half(np.float32(v)) for v in values], dtype=np.float32)
     np.testing.assert_array_equal(got, values.astype(np.float16).astype(np.float32))
 
 

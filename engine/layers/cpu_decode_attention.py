@@ -22,7 +22,7 @@ import numpy as np
 try:  # numba is a dependency; keep the engine importable (torch path) if its install is broken
     from numba import njit, prange
 
-    from .ggml_quants import _round_half
+    from .ggml_quants import round_half
 except ImportError:  # pragma: no cover
     njit = None
 
@@ -97,7 +97,7 @@ def _build(dim: int, lanes: int, bf16: bool, f16_probs: bool = False):  # type: 
                 if f16_probs:
                     inv = np.float32(1.0) / totals[i]
                     for j in range(n):
-                        s[i, j] = _round_half(s[i, j] * inv)
+                        s[i, j] = round_half(s[i, j] * inv)
                     totals[i] = np.float32(1.0)
             o = np.zeros((4, dim), dtype=np.float32)
             o0, o1, o2, o3 = o[0], o[1], o[2], o[3]

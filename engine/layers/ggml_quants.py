@@ -50,7 +50,7 @@ def _f16(raw: np.ndarray) -> np.ndarray:
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _round_half(x):  # pragma: no cover - compiled
+def round_half(x):  # pragma: no cover - compiled
     """``x`` rounded to the nearest fp16 value (ties to even), returned as float32."""
     ax = abs(x)
     if ax == 0.0 or ax != ax:
@@ -86,8 +86,8 @@ def quantize_q8_0(x, xq, xd, xs):  # pragma: no cover - compiled
                 q = np.int32(np.rint(x[r, b * 32 + j] * inv))
                 xq[r, b * 32 + j] = q
                 total += q
-            xd[r, b] = _round_half(d)
-            xs[r, b] = _round_half(d * np.float32(total))
+            xd[r, b] = round_half(d)
+            xs[r, b] = round_half(d * np.float32(total))
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
