@@ -133,3 +133,31 @@ def test_generated_schemas_under_each_draft(draft, schema, values):
     for v in values:
         ok = any(_accepts(compiled, json.dumps(o)) for o in _orders(v))
         assert ok == validator.is_valid(v), (draft, schema, v, validator.is_valid(v))
+
+
+INTEGER_SCHEMAS = [
+    {"type": "integer"},
+    {"type": "integer", "minimum": 0, "maximum": 10},
+    {"type": "integer", "enum": [1, 2.0, 3.5]},
+    {"type": "integer", "multipleOf": 2},
+    {"type": "integer", "not": {"enum": [4]}, "maximum": 6},
+    {"type": "object", "oneOf": [{"properties": {"t": {"enum": ["a"]}, "n": {"type": "integer"}}},
+                                 {"properties": {"t": {"enum": ["b"]}, "n": {"type": "integer"}}}]},
+]  # fmt: skip
+NUMBER_TEXTS = ["1", "1.0", "2", "2.0", "2.00", "4", "-0", "0.0", "1e2", "1E+1", "3.5", "6", "12345.0"]
+
+
+@pytest.mark.parametrize("schema", INTEGER_SCHEMAS)
+def test_integer_spelling_follows_the_draft(schema):
+    """Draft-04's integer is a number without fraction or exponent (1.0 is not one, as jsonschema's
+    Draft4Validator reads the parsed value); from draft-06 on 1.0 is an integer. MaskBench found
+    ``"userId": 12345.0`` accepted under draft-04 (Github_trivial---o14485)."""
+    texts = NUMBER_TEXTS if schema.get("type") != "object" else [f'{{"t": "a", "n": {t}}}' for t in NUMBER_TEXTS]
+    for draft, validator in (("draft-04", jsonschema.Draft4Validator), ("draft-07", jsonschema.Draft7Validator)):
+        compiled = compile_grammar(json_schema_to_grammar(schema, draft=draft), BYTES)
+        for text in texts:
+            valid = validator(schema).is_valid(json.loads(text))
+            if "e" in text.lower():  # bounded numbers are written without exponents: never invalid
+                assert valid or not _accepts(compiled, text), (draft, schema, text, valid)
+            else:
+                assert _accepts(compiled, text) == valid, (draft, schema, text, valid)

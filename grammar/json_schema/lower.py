@@ -52,6 +52,9 @@ class Lowerer:
         self.layout = layout
         self.strict_properties = strict_properties
         self.any_order = any_order  # named properties in every order (objects.py), not only the schema's
+        # Draft-04's "integer" is a number spelled without fraction or exponent (1.0 is not one,
+        # as jsonschema's Draft4Validator reads it); later drafts count any integral value.
+        self.integer_spelling = draft is not None and draft.name == "draft4"
         self.relaxed = frozenset(relax)
         self.rules: dict[str, ir.Expr] = {}
         validator = validator_cls(doc, format_checker=validator_cls.FORMAT_CHECKER)
@@ -168,10 +171,10 @@ class Lowerer:
 
     def numbers(self, s: NumSet, ptr: str) -> ir.Expr:
         try:
-            return num_ir(s, ptr)
+            return num_ir(s, ptr, self.integer_spelling)
         except UnsupportedFeatureError as exc:
             self.refuse("multipleOf", ptr, str(exc))  # relaxed: the same numbers without steps
-            return num_ir(NumSet(tuple(replace(c, mult=None, nonmults=frozenset()) for c in s.conjs)), ptr)
+            return num_ir(NumSet(tuple(replace(c, mult=None, nonmults=frozenset()) for c in s.conjs)), ptr, self.integer_spelling)
 
     def string(self, s: StrSet, ptr: str) -> ir.Expr:
         if s.is_all:

@@ -148,21 +148,29 @@ def _negate(c: NumConj) -> tuple[NumConj, ...]:
 # ---------------------------------------------------------------------------- JSON text
 
 
-def num_ir(s: NumSet, pointer: str) -> ir.Expr:
-    return ir.choice(*(_conj_ir(c, pointer) for c in s.conjs))
+def num_ir(s: NumSet, pointer: str, integer_spelling: bool = False) -> ir.Expr:
+    """``integer_spelling``: integral conjunctions (a multiple of an integer) accept only texts
+    without fraction or exponent, as draft-04's ``integer`` type does; a ``multipleOf: 1`` number
+    spelled ``1.0`` is then refused too, a valid text lost, never an invalid one accepted."""
+    return ir.choice(*(_conj_ir(c, pointer, integer_spelling and c.integer) for c in s.conjs))
 
 
-def _conj_ir(c: NumConj, pointer: str) -> ir.Expr:
+def _conj_ir(c: NumConj, pointer: str, integer_spelling: bool = False) -> ir.Expr:
     p = c.point()
     if p is not None:
+        if integer_spelling:
+            return numbers.int_range(int(p), int(p)) if p.denominator == 1 else ir.NOTHING
         return point_spellings(p)
-    simple = _simple_ir(c, pointer)
+    simple = _simple_ir(c, pointer, integer_spelling)
     if simple is not None:
         return simple
-    return char_dfa.to_ir(_exact_dfa(c, pointer))
+    dfa = _exact_dfa(c, pointer)
+    if integer_spelling:
+        dfa = char_dfa.intersect(dfa, char_dfa.from_ir(ir.seq(ir.optional(ir.literal("-")), numbers.INT_PART)))
+    return char_dfa.to_ir(dfa)
 
 
-def _simple_ir(c: NumConj, pointer: str) -> ir.Expr | None:
+def _simple_ir(c: NumConj, pointer: str, integer_spelling: bool = False) -> ir.Expr | None:
     """The ``numbers`` digit automata, for conjunctions without exclusions (None otherwise)."""
     if c.nonmults or c.excluded:
         return None
@@ -178,6 +186,8 @@ def _simple_ir(c: NumConj, pointer: str) -> ir.Expr | None:
             expr = numbers.int_range(ilo, ihi) if k == 1 else numbers.integer_multiples(k, ilo, ihi, pointer)
         except UnsupportedFeatureError:
             return None
+        if integer_spelling:
+            return expr
         expr = ir.seq(expr, ir.optional(ir.seq(ir.literal("."), ir.plus(ir.literal("0")))))
         if ilo is None and ihi is None and k == 1:
             # Integral values may carry a positive exponent when unbounded (1e+16); two digits at
