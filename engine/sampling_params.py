@@ -78,7 +78,7 @@ class SamplingParams:
     json_schema_draft: str | None = None
     json_schema_formats: str = "assert"
     # Named properties in the schema's order ("declared", what generation wants) or in every
-    # order ("any", a validator's reading; objects of at most 8 named keys, larger ones declared).
+    # order ("any", a validator's reading; objects of at most 6 named keys, larger ones declared).
     json_property_order: Literal["declared", "any"] = "declared"
     # Whitespace a json_schema output may hold: "any" (the grammar's bounded flexible whitespace),
     # "compact" (none: {"a":1,"b":[2]}) or "pretty" (exactly json.dumps(indent=2)). With
