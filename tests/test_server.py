@@ -568,9 +568,11 @@ def _free_port() -> int:
 def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits():
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    # The grace period: long enough for a 3-token request on a loaded machine (6 s was not, at a
+    # load average of 14), far too short for the 3,000-token one, which must be aborted.
     proc = subprocess.Popen(
         [sys.executable, "-m", "engine", "serve", "--port", str(port), "--dtype", "float32", "--max-total-tokens", "4000",
-         "--num-threads", "1", "--shutdown-timeout", "6", "--no-access-log"],
+         "--num-threads", "1", "--shutdown-timeout", "20", "--no-access-log"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
