@@ -126,3 +126,14 @@ def smollm2_model():
     model, _ = load_model_and_tokenizer()
     yield model
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models on one torch thread: on a busy 2-core machine two oversubscribe badly."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

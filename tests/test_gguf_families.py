@@ -31,14 +31,6 @@ PROMPT = [72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33, 10, 5, 200, 1
 assert len(PROMPT) > 2 * WINDOW
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family_file(request, tmp_path_factory, one_thread):
     family = request.param

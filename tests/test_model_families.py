@@ -86,15 +86,6 @@ def save_tiny(family: str, folder, **overrides):
     return model
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    """Tiny models on one torch thread: on a busy 2-core machine two oversubscribe badly."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family_pair(request, tmp_path_factory, one_thread):
     folder = tmp_path_factory.mktemp(request.param)

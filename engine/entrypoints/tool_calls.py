@@ -219,6 +219,35 @@ class PlainParser(ToolCallParser):
         return []
 
 
+@dataclass
+class JsonNesting:
+    """Bracket depth of JSON text read one character at a time, strings (and their escapes)
+    skipped: where a streamed object or array closes."""
+
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+
+    def step(self, c: str) -> int:
+        """+1 where ``c`` opens an object or array, -1 where it closes one, else 0."""
+        if self.in_string:
+            if self.escaped:
+                self.escaped = False
+            elif c == "\\":
+                self.escaped = True
+            elif c == '"':
+                self.in_string = False
+        elif c == '"':
+            self.in_string = True
+        elif c in "[{":
+            self.depth += 1
+            return 1
+        elif c in "]}":
+            self.depth -= 1
+            return -1
+        return 0
+
+
 class TaggedCallParser(ToolCallParser):
     """``auto``: content, and calls written in ``fmt``'s syntax (``begin(name)``, an arguments
     object, ``end``).
@@ -241,7 +270,7 @@ class TaggedCallParser(ToolCallParser):
         self.in_end = False  # the arguments closed; the format's end text is being read
         self.calls = 0
         self.pending_space = ""
-        self._depth, self._in_string, self._escaped = 0, False, False
+        self._nesting = JsonNesting()
 
     def feed(self, text: str) -> list[ParsedEvent]:
         if self.max_calls is not None and self.calls >= self.max_calls and self.call_index is None and not self.in_end:
@@ -300,7 +329,7 @@ class TaggedCallParser(ToolCallParser):
                 self.call_index, self.calls = self.calls, self.calls + 1
                 events.append(ParsedCallStart(self.call_index, new_call_id(), name))
                 self.buffer = self.buffer[len(begin) :]
-                self._depth, self._in_string, self._escaped = 0, False, False
+                self._nesting = JsonNesting()
                 return True
         if any(begin.startswith(self.buffer) for begin in self.begins):
             return False  # the begin is still arriving
@@ -313,24 +342,11 @@ class TaggedCallParser(ToolCallParser):
         """Hand out arguments up to the close of their object; then read the end."""
         assert self.call_index is not None
         for i, c in enumerate(self.buffer):
-            if self._in_string:
-                if self._escaped:
-                    self._escaped = False
-                elif c == "\\":
-                    self._escaped = True
-                elif c == '"':
-                    self._in_string = False
-            elif c == '"':
-                self._in_string = True
-            elif c in "[{":
-                self._depth += 1
-            elif c in "]}":
-                self._depth -= 1
-                if self._depth <= 0:
-                    events.append(ParsedArguments(self.call_index, self.buffer[: i + 1]))
-                    self.buffer = self.buffer[i + 1 :]
-                    self.call_index, self.in_end = None, True
-                    return True
+            if self._nesting.step(c) < 0 and self._nesting.depth <= 0:
+                events.append(ParsedArguments(self.call_index, self.buffer[: i + 1]))
+                self.buffer = self.buffer[i + 1 :]
+                self.call_index, self.in_end = None, True
+                return True
         if self.buffer:
             events.append(ParsedArguments(self.call_index, self.buffer))
             self.buffer = ""
@@ -365,9 +381,7 @@ class CallArrayParser(ToolCallParser):
     def __init__(self) -> None:
         self.text = ""
         self.scanned = 0
-        self.depth = 0
-        self.in_string = False
-        self.escaped = False
+        self.nesting = JsonNesting()
         self.item_start = -1
         self.calls = 0
 
@@ -383,25 +397,12 @@ class CallArrayParser(ToolCallParser):
         return [] if self.calls or not self.text else [ParsedContent(self.text)]
 
     def _scan(self, i: int, events: list[ParsedEvent]) -> None:
-        c = self.text[i]
-        if self.in_string:
-            if self.escaped:
-                self.escaped = False
-            elif c == "\\":
-                self.escaped = True
-            elif c == '"':
-                self.in_string = False
-        elif c == '"':
-            self.in_string = True
-        elif c in "[{":
-            self.depth += 1
-            if self.depth == 2:
-                self.item_start = i
-        elif c in "]}":
-            self.depth -= 1
-            if self.depth == 1 and self.item_start >= 0:
-                self._item(self.text[self.item_start : i + 1], events)
-                self.item_start = -1
+        move = self.nesting.step(self.text[i])
+        if move > 0 and self.nesting.depth == 2:
+            self.item_start = i
+        elif move < 0 and self.nesting.depth == 1 and self.item_start >= 0:
+            self._item(self.text[self.item_start : i + 1], events)
+            self.item_start = -1
 
     def _item(self, text: str, events: list[ParsedEvent]) -> None:
         try:
