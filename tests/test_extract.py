@@ -161,9 +161,11 @@ def test_failures_are_result_lines_with_clear_messages(tmp_path):
         assert len(out) == 4 and all(r.error.type == FailureType.REFUSED_CONSTRAINT for r in out)
         assert all("backreference" in r.error.message and r.completion_tokens == 0 for r in out)
 
+        # No output of the schema fits 3 tokens: refused at admission (never a cut document).
         short = list(engine.extract(records[:1], SCHEMA, prompt_template=TEMPLATE, max_new_tokens=3))
-        assert short[0].error.type == FailureType.INCOMPLETE and short[0].completion_tokens == 3
+        assert short[0].error.type == FailureType.INCOMPLETE and short[0].completion_tokens == 0
         assert short[0].error.message.startswith("incomplete within max_new_tokens=3")
+        assert "shortest output" in short[0].error.message and "allow at least" in short[0].error.message
 
         dates = list(engine.extract(["Apollo 11 landed on the Moon in July 1969."], regex=r"\d{4}", prompt_template="In what year? {text}", max_new_tokens=8))
         assert dates[0].ok and dates[0].value == dates[0].text and len(dates[0].value) == 4

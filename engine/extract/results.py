@@ -112,7 +112,12 @@ def from_generation(record_id: str | int, line: int, out: dict[str, Any], kind: 
     if reason["type"] == "dead_end":
         return ExtractResult(**base, error=ExtractError(FailureType.INCOMPLETE, reason.get("message", "the constraint allows no completion")))
     if reason["type"] == "abort":
-        return ExtractResult(**base, error=ExtractError(FailureType.ABORTED, reason.get("message", "aborted")))
+        message = reason.get("message", "aborted")
+        if message.startswith("max_new_tokens:"):
+            # Refused at admission (constrained.output_budget): no output of the constraint fits
+            # the budget, so the record could only have ended cut; it never ran.
+            return ExtractResult(**base, error=ExtractError(FailureType.INCOMPLETE, f"incomplete within max_new_tokens={max_new_tokens}: {message}"))
+        return ExtractResult(**base, error=ExtractError(FailureType.ABORTED, message))
     if kind != "json_schema":
         return ExtractResult(**base, value=text)
     try:
