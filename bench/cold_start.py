@@ -5,8 +5,9 @@ that run left behind (a second start).
 Scenarios:
 - ``first-compile``: import, ``compile_json_schema`` of a small schema (an array of anyOf
   date-time / uuid / null, the issue's example) and its first mask, byte-level vocabulary.
-- ``engine-first-token``: ``Engine()`` (embedded SmolLM2) to the first token of a JSON-schema
-  constrained request; the engine compiles the kernels in child processes while the model loads.
+- ``engine-first-token``: ``Engine()`` (embedded SmolLM2) to the first result of a JSON-schema
+  constrained request (``max_new_tokens`` 3: the schema's shortest output, which admission
+  requires); the engine compiles the kernels in child processes while the model loads.
   Its cells also give the seconds to ``Engine()`` ready and from ready to the first token.
 - ``demo``: ``formcast generate`` of the Makefile's demo (JSON record about Marie Curie).
 
@@ -53,9 +54,9 @@ t0 = time.perf_counter()
 from engine import Engine
 with Engine() as e:
     t1 = time.perf_counter()
-    out = e.generate("Dates:", {{"json_schema": {SCHEMA!r}, "max_new_tokens": 1}})
+    out = e.generate("Dates:", {{"json_schema": {SCHEMA!r}, "max_new_tokens": 3}})
     t2 = time.perf_counter()
-    assert out["meta_info"]["completion_tokens"] == 1, out
+    assert out["meta_info"]["completion_tokens"] >= 1, out
 print("TIMES " + json.dumps({{"ready": t1 - t0, "first_token": t2 - t1}}))
 """
 
