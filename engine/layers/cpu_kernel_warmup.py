@@ -44,9 +44,10 @@ def warm_up_quantized(model: torch.nn.Module) -> None:
     two rows of one of its matrices multiply a decode-sized and a prefill-sized activation and
     serve an embedding lookup, so the arrays have the forward's dtypes and layouts."""
     seen: set[str] = set()
-    for value in list(vars(model).values()) + [v for m in model.modules() for v in vars(m).values()]:
-        parts = value.parts if isinstance(value, StackedWeight) else value if isinstance(value, list) else [value]
-        for w in parts:
+    for value in (v for module in model.modules() for v in vars(module).values()):  # modules() includes model
+        if isinstance(value, StackedWeight):
+            value = value.parts
+        for w in value if isinstance(value, list) else [value]:
             if isinstance(w, QuantizedWeight) and w.type_name not in seen:
                 seen.add(w.type_name)
                 rows = w.take_rows(np.arange(min(2, w.shape[0])))
