@@ -60,6 +60,7 @@ class Refused(Exception):
 class FormcastEngine:
     name = "formcast"
     property_order = "declared"  # --formcast-property-order, set before the workers fork
+    backstop_seconds: float | None = None  # --formcast-backstop (None: the library default)
 
     def __init__(self, tok: Any, eos: int) -> None:
         import grammar
@@ -73,7 +74,14 @@ class FormcastEngine:
 
         clear_cache(keep_setup=True)
         try:
-            compiled = self.grammar.compile_json_schema(schema, self.vocab, json_property_order=self.property_order)
+            budget = None
+            if self.backstop_seconds is not None:
+                # 0 turns the wall-clock backstop off: verdicts then depend on counted work only,
+                # so a run sharing the machine with other work gets the answers a quiet one gets.
+                budget = self.grammar.CompileBudget(max_compile_seconds=self.backstop_seconds or None)
+            compiled = self.grammar.compile_json_schema(
+                schema, self.vocab, json_property_order=self.property_order, budget=budget
+            )
         except self.grammar.GrammarError as exc:
             raise Refused(f"{type(exc).__name__}: {exc}") from exc
         return lambda: _FormcastWalker(self.grammar.GrammarMatcher(compiled))
@@ -557,12 +565,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--summarize", type=Path, help="print the tables of an earlier --out file and exit")
     ap.add_argument("--formcast-property-order", choices=("declared", "any"), default="declared",
                     help="formcast's json_property_order: the schema's key order, or every order (a validator's reading)")
+    ap.add_argument("--formcast-backstop", type=float,
+                    help="formcast's wall-clock compile backstop in seconds (0: off; default: the library's)")
     ap.add_argument("--failures", default="formcast", help="engine whose failures are listed ('' for none)")
     ap.add_argument("--resume", type=Path, help="results file of an earlier run: its (schema, engine) pairs are "
                     "skipped and its results join this run's summary")
     args = ap.parse_args(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     FormcastEngine.property_order = args.formcast_property_order
+    FormcastEngine.backstop_seconds = args.formcast_backstop
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
         ap.error(f"unknown engines {unknown}; choose from {sorted(ENGINES)}")
