@@ -159,6 +159,24 @@ def iter_refs(expr: Expr) -> Iterable[str]:
             stack.extend(x for _, x, _ in e.edges)
 
 
+def is_small(expr: Expr, budget: int = 24) -> bool:
+    """Whether ``expr`` has at most ``budget`` nodes and no graph: small enough to inline at each
+    use rather than share as a rule."""
+    stack, seen = [expr], 0
+    while stack:
+        e = stack.pop()
+        seen += 1
+        if seen > budget:
+            return False
+        if isinstance(e, (Seq, Choice)):
+            stack.extend(e.items)
+        elif isinstance(e, Repeat):
+            stack.append(e.item)
+        elif isinstance(e, Graph):
+            return False
+    return True
+
+
 # ---------------------------------------------------------------- simplifying constructors
 
 

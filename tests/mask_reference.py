@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from grammar import GrammarMatcher
 from grammar.bitmask import pack_bool_mask
 
 
@@ -46,3 +47,24 @@ class ReferenceWalk:
         if automaton.accepting[state]:
             allowed[self.eos] = True
         return pack_bool_mask(allowed)
+
+
+def random_walk_check(compiled, vocab, rng, *, walks: int, steps: int, pick=None, ref: ReferenceWalk | None = None) -> int:
+    """Compare ``token_mask`` with the reference at every state of random walks (``pick(vocab,
+    choices, step, rng)`` chooses each next token; uniform by default); return how many states
+    were checked."""
+    ref = ref or ReferenceWalk(vocab)
+    checked = 0
+    for _ in range(walks):
+        m = GrammarMatcher(compiled)
+        for step in range(steps):
+            state = m.state
+            expected = ref.row(compiled.automaton, state)
+            got = compiled.token_mask(state)
+            assert np.array_equal(got, expected), f"state {state} (step {step}): words {np.flatnonzero(got != expected)[:10]}"
+            checked += 1
+            choices = [t for t in np.flatnonzero(ref.allowed(compiled.automaton, state))]
+            if not choices:
+                break
+            assert m.accept_token(int(pick(vocab, choices, step, rng) if pick else rng.choice(choices)))
+    return checked

@@ -13,7 +13,7 @@ import random
 
 import numpy as np
 import pytest
-from mask_reference import ReferenceWalk
+from mask_reference import ReferenceWalk, random_walk_check
 
 from grammar import GrammarMatcher, TokenVocabulary, ir
 from grammar.compiler import CompileBudget, compile_grammar
@@ -49,27 +49,6 @@ OBJECT = ir.seq(
     ),
     ir.literal("}"),
 )
-
-
-def random_walk_check(compiled, vocab, rng, *, walks: int, steps: int, pick=None) -> int:
-    """Compare ``token_mask`` with the reference at every state of random walks; return how
-    many states were checked."""
-    ref = ReferenceWalk(vocab)
-    checked = 0
-    for _ in range(walks):
-        m = GrammarMatcher(compiled)
-        for step in range(steps):
-            state = m.state
-            expected = ref.row(compiled.automaton, state)
-            got = compiled.token_mask(state)
-            assert np.array_equal(got, expected), f"state {state}: words {np.flatnonzero(got != expected)[:10]}"
-            checked += 1
-            choices = [t for t in np.flatnonzero(ref.allowed(compiled.automaton, state))]
-            if not choices:
-                break
-            assert m.accept_token(int(pick(vocab, choices, step, rng) if pick else rng.choice(choices)))
-    return checked
-
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_region_masks_equal_reference(seed):

@@ -12,7 +12,7 @@ import random
 
 import numpy as np
 import pytest
-from mask_reference import ReferenceWalk
+from mask_reference import ReferenceWalk, random_walk_check
 
 import grammar
 from grammar import GrammarMatcher
@@ -67,22 +67,8 @@ def _pick(vocab, choices: list[int], rng: random.Random, lean: bytes) -> int:
 
 
 def _check_walks(compiled, vocab, seed: int, walks: int, steps: int, lean: bytes = b"") -> int:
-    ref = _reference(vocab)
-    rng = random.Random(seed)
-    checked = 0
-    for _ in range(walks):
-        m = GrammarMatcher(compiled)
-        for step in range(steps):
-            state = m.state
-            expected = ref.row(compiled.automaton, state)
-            got = compiled.token_mask(state)
-            assert np.array_equal(got, expected), f"state {state} (step {step}): words {np.flatnonzero(got != expected)[:8]}"
-            checked += 1
-            choices = [t for t in np.flatnonzero(ref.allowed(compiled.automaton, state))]
-            if not choices:
-                break
-            assert m.accept_token(_pick(vocab, choices, rng, lean))
-    return checked
+    return random_walk_check(compiled, vocab, random.Random(seed), walks=walks, steps=steps,
+                             pick=lambda v, choices, step, rng: _pick(v, choices, rng, lean), ref=_reference(vocab))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

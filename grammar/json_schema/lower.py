@@ -130,7 +130,7 @@ class Lowerer:
         if name is not None:
             self.rules[name] = body
             body = ir.Ref(name)
-        elif self._shared(e) and not isinstance(body, (ir.Nothing, ir.Ref)) and not _small(body):
+        elif self._shared(e) and not isinstance(body, (ir.Nothing, ir.Ref)) and not ir.is_small(body):
             # A $ref target is met at several places, and indent mode builds values per depth (a
             # value nested 32 levels deep would be copied into its parents exponentially often):
             # as a rule it is built once and called.
@@ -245,22 +245,6 @@ def _ref_targets(doc: Any) -> set[str]:
         elif isinstance(node, list):
             stack.extend(node)
     return out
-
-
-def _small(expr: ir.Expr, budget: int = 24) -> bool:
-    stack, seen = [expr], 0
-    while stack:
-        e = stack.pop()
-        seen += 1
-        if seen > budget:
-            return False
-        if isinstance(e, (ir.Seq, ir.Choice)):
-            stack.extend(e.items)
-        elif isinstance(e, ir.Repeat):
-            stack.append(e.item)
-        elif isinstance(e, ir.Graph):
-            return False
-    return True
 
 
 __all__ = ["Lowerer", "MARK_RULE", "encode_value"]

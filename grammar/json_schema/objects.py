@@ -49,22 +49,6 @@ def check_property_order(mode: str) -> str:
     return mode
 
 
-def _small(expr: ir.Expr, budget: int = 24) -> bool:
-    stack, seen = [expr], 0
-    while stack:
-        e = stack.pop()
-        seen += 1
-        if seen > budget:
-            return False
-        if isinstance(e, (ir.Seq, ir.Choice)):
-            stack.extend(e.items)
-        elif isinstance(e, ir.Repeat):
-            stack.append(e.item)
-        elif isinstance(e, ir.Graph):
-            return False
-    return True
-
-
 def _subsets(bits: list[int]):
     """Every subset (as a bit mask) of the given bit positions."""
     out = [0]
@@ -130,7 +114,7 @@ def _extras(lw: "Lowerer", c: ObjConj, rules: list, named: frozenset[str], ptr: 
         alts = _alternatives(lw, and_(*schemas), applicable, c, depth)
         for v, mask in alts:
             kv = ir.seq(key_ir, layout.colon(), v)
-            out.append((kv if _small(kv) else lw.add_rule("extra", kv), mask))
+            out.append((kv if ir.is_small(kv) else lw.add_rule("extra", kv), mask))
     return out
 
 
@@ -191,7 +175,7 @@ class _Chain:
         self.any_order = any_order
         if any_order:
             # Each key: value is reached from up to 2^(n-1) states: one rule, not a copy per state.
-            entries = [(name, [(v if _small(v) else lw.add_rule("prop", v), m) for v, m in values], req)
+            entries = [(name, [(v if ir.is_small(v) else lw.add_rule("prop", v), m) for v, m in values], req)
                        for name, values, req in entries]
             self.required_mask = sum(1 << j for j, (_, _, req) in enumerate(entries) if req)
         self.entries = entries
@@ -201,7 +185,7 @@ class _Chain:
         self.sep, self.colon = layout.sep(depth), layout.colon()
         self.req_after = list(itertools.accumulate((r for _, _, r in reversed(entries)), initial=0))[::-1]
         self.memo: dict[tuple[int, bool, int, int], ir.Expr] = {}
-        self.share = any_order or len(entries) > _SHARE_ABOVE or any(not _small(v) for _, alts, _ in entries for v, _ in alts)
+        self.share = any_order or len(entries) > _SHARE_ABOVE or any(not ir.is_small(v) for _, alts, _ in entries for v, _ in alts)
         self.plain = [kv for kv, m in extras if m == 0]
         self.witnessing = [(kv, m) for kv, m in extras if m]
 
