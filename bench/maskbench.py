@@ -6,7 +6,8 @@ Method (``../shared/bench/maskbench/README.md``), per engine and schema:
 - time between masks (TBM): for each token of ``json.dumps(data, ensure_ascii=False)`` (default
   separators, tokenized without special tokens): fill the mask row, check the token's bit, accept
   it; one sample = mask + accept. The final mask (is EOS allowed?) is one more sample.
-- class per schema: pass / compile (refused) / validation (a valid instance rejected) /
+- class per schema: pass / unsatisfiable (refused as satisfied by no value, and the record holds
+  no valid instance: the right answer for generation) / compile (refused) / validation (a valid instance rejected) /
   invalidation (an invalid instance accepted: every token allowed and accepted, EOS allowed) /
   timeout / crash. A schema with both kinds of error counts as an invalidation error.
 
@@ -43,7 +44,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_INPUT = Path(os.environ.get("MASKBENCH_DEV") or ROOT.parent / "shared" / "bench" / "maskbench" / "dev.jsonl.gz")
-CLASSES = ("pass", "compile", "validation", "invalidation", "timeout", "crash")
+CLASSES = ("pass", "unsatisfiable", "compile", "validation", "invalidation", "timeout", "crash")
 ANCHORS = ("llguidance", "xgrammar")
 RECYCLE_AFTER = 300  # tasks per worker: bounds memory growth of caches and leaks
 
@@ -449,6 +450,20 @@ def _stats(values: list[float]) -> list[str]:
     return [f"{v:,.0f}" if v >= 10 else f"{v:.1f}" for v in cells]
 
 
+def classify_unsatisfiable(results: list[dict], records: dict[str, dict]) -> list[dict]:
+    """A refusal that says "unsatisfiable" for a schema whose record holds no valid instance is
+    the right answer (no value can be generated), its own class; with a valid instance it stays
+    a refusal (the verdict is wrong)."""
+    out = []
+    for r in results:
+        record = records.get(r["id"])
+        if (r["status"] == "compile" and "unsatisfiable" in r.get("error", "") and record is not None
+                and not any(t["valid"] for t in record["tests"])):
+            r = {**r, "status": "unsatisfiable"}
+        out.append(r)
+    return out
+
+
 def summarize(results: list[dict], engines: list[str]) -> str:
     """The MaskBench table (markdown), engines side by side, plus formcast/anchor ratios."""
     by = {e: [r for r in results if r["engine"] == e] for e in engines}
@@ -474,6 +489,8 @@ def summarize(results: list[dict], engines: list[str]) -> str:
     counts = {e: Counter(r["status"] for r in cols[e]) for e in engines}
     for c in CLASSES:
         lines.append(f"| {c} | " + " | ".join(str(counts[e][c]) for e in engines) + " |")
+    lines.append("| right (pass + unsatisfiable) | " + " | ".join(
+        f"{(counts[e]['pass'] + counts[e]['unsatisfiable']) / max(len(cols[e]), 1):.2%}" for e in engines) + " |")
     if "formcast" in engines and any(a in engines for a in ANCHORS):
         lines += ["", "formcast / anchor ratios (lower is better for times):", ""]
         for a in (a for a in ANCHORS if a in engines):
@@ -583,6 +600,8 @@ def main(argv: list[str] | None = None) -> None:
         engines = [e for e in engines if any(r["engine"] == e for r in results)]
     else:
         results = run(args, engines)
+    records = {r["id"]: r for r in load_records(args.input, 0, None, None, 0)}
+    results = classify_unsatisfiable(results, records)
     print(summarize(results, engines))
     for e in filter(None, args.failures.split(",")):
         if e in engines:
