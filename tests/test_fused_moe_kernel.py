@@ -2,7 +2,8 @@
 subprocess since the flag is read at import) against the torch reference, on tiny shapes that are
 not multiples of the tiles, SiLU and GELU-tanh, an expert with more tokens than one block, experts
 nobody chose, and a single token; the grouping of pairs by expert on its own; the reference
-against the engine's MoE block; on a GPU, the compiled kernel against the reference."""
+against the engine's MoE block and its CPU grouped loops (``engine.layers.cpu_moe``); on a GPU, the
+compiled kernel against the reference."""
 
 from __future__ import annotations
 
@@ -104,3 +105,18 @@ def test_triton_kernel_on_gpu(dtype) -> None:
         ref = fused_moe_reference(x.float(), gu.float(), d.float(), ids, w.float(), act)
         got = fused_moe_triton(x, gu, d, ids, w, act)
         assert torch.allclose(got.float(), ref, atol=1e-4 if dtype == torch.float32 else 5e-2), (i, float((got.float() - ref).abs().max()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_grouped_loops_match_reference(dtype) -> None:
+    """``engine.layers.cpu_moe`` (the CPU decode path of the MoE block) against the reference on
+    the same weights, float32 and bfloat16 experts."""
+    from engine.layers import cpu_moe
+
+    for i, (t, h, n, e, k, act, one) in enumerate(CASES):
+        x, gu, d, ids, w = make_case(t, h, n, e, k, one, seed=i)
+        gu, d = gu.to(dtype), d.to(dtype)
+        with torch.inference_mode():  # as a forward runs
+            assert cpu_moe.available(x, gu)
+            got = cpu_moe.moe_experts(x, gu, d, ids, w, act)
+        assert torch.allclose(got, fused_moe_reference(x, gu.float(), d.float(), ids, w, act), atol=1e-5), i
