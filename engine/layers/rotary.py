@@ -15,7 +15,11 @@ with the uncached model: the keys of earlier forwards stay in the KV cache (and 
 rotated with the table of the forward that wrote them. transformers' ``generate`` drops its cache
 once, when the sequence first grows past the boundary, and recomputes it with the long factors;
 formcast keeps it, so a request that crosses the boundary while decoding attends to short-rotated
-keys of its earlier positions (as a chunked prefill across the boundary does in both). A partial rotary (``rotary_dim`` < head_dim, Phi-4 mini) rotates the first
+keys of its earlier positions (as a chunked prefill across the boundary does in both). For the same
+reason a forward's length matters near the boundary: a speculative verification whose drafts reach
+past it rotates all its positions with the long factors, where one-token decode steps would have
+used the short ones below it, so greedy speculation is token-identical to plain decoding only
+away from the boundary. A partial rotary (``rotary_dim`` < head_dim, Phi-4 mini) rotates the first
 ``rotary_dim`` channels of each head and passes the rest through.
 
 ``ggml=True`` (GGUF models with ``ModelConfig.ggml_numerics``, unscaled RoPE) tabulates the angles as llama.cpp does instead: position
