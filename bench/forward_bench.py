@@ -15,13 +15,17 @@ it. ``--agreement N``: greedy outputs of N prompts (32 tokens) in each half-prec
 against float32, as the share of prompts whose outputs are identical and of tokens before the
 first difference. Not collected by pytest.
 
-    python bench/forward_bench.py --families qwen3,gemma3,phi3,qwen3_moe [--max-ctx 256] ...
+    python bench/forward_bench.py --families qwen3,gemma3,phi3,qwen3_moe,qwen3_active [--size 0.5b] ...
 
 ``--families``: instead of one model folder, random-weight models of those families built here
-from transformers configs (sizes in ``FAMILY_SHAPES``: dense ones near 0.5B parameters, the MoE
-near 0.5B total / 0.15B active), saved once under ``--cache`` and compared the same way. For a
-mixture of experts the table adds the share of formcast's decode time spent in its MoE blocks
-(router plus chosen experts, timed around each block).
+from transformers configs, saved once under ``--cache`` and compared the same way. ``--size``
+picks the shapes (``SIZES``): ``0.5b`` or ``1.5b`` for the dense families, with the MoE families
+then near 1B total / 0.3B active parameters (32 experts, top 8); ``small`` (dense ~45M, MoE ~0.12B
+/ 0.05B active) for a loaded machine. ``qwen3_active`` is a dense Qwen3 of the MoE's active size
+(its layers and hidden size, an MLP as wide as the top-k experts together): the MoE's batch-1 step
+should cost close to it, not to a dense model of the MoE's total size. For a mixture of experts
+the table adds the shares of formcast's decode time spent routing (router, top-k, shared expert:
+the MoE block minus its experts) and in the chosen experts.
 """
 
 from __future__ import annotations
@@ -44,59 +48,100 @@ from engine.model_executor.model_runner import ModelRunner  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-_DENSE = dict(vocab_size=32000, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=4,
-              head_dim=64, intermediate_size=4096, max_position_embeddings=4096, tie_word_embeddings=True)  # fmt: skip
-# family -> (config class, model class, config overrides)
-FAMILY_SHAPES = {
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(_DENSE)),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(_DENSE, sliding_window=512, query_pre_attn_scalar=64)),
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(_DENSE, sliding_window=512, query_pre_attn_scalar=64)),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_DENSE, pad_token_id=0)),
-    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
-        _DENSE, num_hidden_layers=16, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=640, norm_topk_prob=True,
-    )),
+# --size -> (dense shape, MoE shape); every family takes its size's shape plus its own fields below
+SIZES = {
+    "0.5b": (
+        dict(vocab_size=32000, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=4,
+             head_dim=64, intermediate_size=4096, max_position_embeddings=4096, tie_word_embeddings=True),
+        dict(vocab_size=32000, hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4,
+             head_dim=64, intermediate_size=4096, max_position_embeddings=4096, tie_word_embeddings=True,
+             num_experts=32, num_experts_per_tok=8, moe_intermediate_size=640, norm_topk_prob=True),
+    ),
+    "1.5b": (
+        dict(vocab_size=32000, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+             head_dim=128, intermediate_size=8960, max_position_embeddings=4096, tie_word_embeddings=True),
+        None,  # the 0.5b entry's MoE
+    ),
+    "small": (
+        dict(vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+             head_dim=64, intermediate_size=2048, max_position_embeddings=4096, tie_word_embeddings=True),
+        dict(vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+             head_dim=64, intermediate_size=2048, max_position_embeddings=4096, tie_word_embeddings=True,
+             num_experts=16, num_experts_per_tok=4, moe_intermediate_size=512, norm_topk_prob=True),
+    ),
+}  # fmt: skip
+# family -> (config class, model class, its own fields, MoE shape (True) or dense)
+FAMILIES = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}, False),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(sliding_window=512, query_pre_attn_scalar=64), False),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(sliding_window=512, query_pre_attn_scalar=64), False),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0), False),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {}, True),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {}, True),
+    "qwen3_active": ("Qwen3Config", "Qwen3ForCausalLM", {}, True),  # dense, the MoE's active size
 }  # fmt: skip
 
 
-def family_folder(family: str, cache: Path) -> Path:
-    """A random-weight model of ``family`` (``FAMILY_SHAPES``), saved once under ``cache``."""
+def family_shape(family: str, size: str) -> dict:
+    config_name, model_name, own, moe = FAMILIES[family]
+    dense, moe_shape = SIZES[size]
+    if not moe:
+        return {**dense, **own}
+    shape = dict(moe_shape or SIZES["0.5b"][1])
+    if family == "olmoe":  # OLMoE's experts are intermediate_size wide
+        shape["intermediate_size"] = shape["moe_intermediate_size"]
+    if family == "qwen3_active":  # one dense MLP as wide as the chosen experts together
+        shape["intermediate_size"] = shape["moe_intermediate_size"] * shape["num_experts_per_tok"]
+        for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob"):
+            shape.pop(key)
+    return {**shape, **own}
+
+
+def family_folder(family: str, cache: Path, size: str = "0.5b") -> Path:
+    """A random-weight model of ``family`` at ``size`` (``SIZES``), saved once under ``cache``."""
     import transformers as tf
 
-    folder = cache / family
+    folder = cache / size / family
     if (folder / "config.json").is_file():
         return folder
-    config_name, model_name, shape = FAMILY_SHAPES[family]
+    config_name, model_name, _, _ = FAMILIES[family]
     torch.manual_seed(0)
-    model = getattr(tf, model_name)(getattr(tf, config_name)(**shape))
+    model = getattr(tf, model_name)(getattr(tf, config_name)(**family_shape(family, size)))
     model.save_pretrained(str(folder))
     return folder
 
 
 class MoeTimer:
-    """Seconds spent inside the MoE blocks' forward (router + chosen experts), while installed."""
+    """Seconds spent inside the MoE blocks' forward (``seconds``: router, top-k, shared expert and
+    chosen experts) and in their chosen experts alone (``expert_seconds``), while installed."""
 
     def __init__(self, runner: ModelRunner) -> None:
         from engine.models.moe import SparseMoeBlock
 
         self.blocks = [m for m in runner.model.modules() if isinstance(m, SparseMoeBlock)]
         self.seconds = 0.0
+        self.expert_seconds = 0.0
+
+    def _timed(self, inner, into: str):  # type: ignore[no-untyped-def]
+        def timed(*args):  # type: ignore[no-untyped-def]
+            _sync(args[0].device)
+            start = time.perf_counter()
+            out = inner(*args)
+            _sync(args[0].device)
+            setattr(self, into, getattr(self, into) + time.perf_counter() - start)
+            return out
+
+        return timed
 
     def __enter__(self) -> "MoeTimer":
         for block in self.blocks:
-            inner = block.forward
-
-            def timed(x, _inner=inner):  # type: ignore[no-untyped-def]
-                start = time.perf_counter()
-                out = _inner(x)
-                self.seconds += time.perf_counter() - start
-                return out
-
-            block.forward = timed  # type: ignore[method-assign]
+            block.forward = self._timed(block.forward, "seconds")  # type: ignore[method-assign]
+            block.experts = self._timed(block.experts, "expert_seconds")  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
         for block in self.blocks:
-            del block.forward
+            del block.forward, block.experts
 
 
 def measure_bandwidth(weight_bytes: int) -> float:
@@ -263,7 +308,8 @@ def main() -> None:
     ap.add_argument("--agreement", type=int, default=100, help="prompts for the greedy-agreement check (0: skip)")
     ap.add_argument("--model", default=None, help="a Hugging Face folder (default: the embedded SmolLM2)")
     ap.add_argument("--skip-hf", action="store_true")
-    ap.add_argument("--families", default=None, help=f"random models of these families: {','.join(FAMILY_SHAPES)}")
+    ap.add_argument("--families", default=None, help=f"random models of these families: {','.join(FAMILIES)}")
+    ap.add_argument("--size", default="0.5b", choices=sorted(SIZES), help="--families shapes (SIZES)")
     ap.add_argument("--max-ctx", type=int, default=1024, help="contexts are drawn between 64 and this many tokens")
     ap.add_argument("--cache", default="/tmp/formcast_family_bench", help="where --families models are saved")
     args = ap.parse_args()
@@ -329,38 +375,81 @@ def main() -> None:
 
 
 def families_main(args: argparse.Namespace) -> None:
-    """Decode ms/step of random models of several families, formcast against transformers."""
+    """Decode tokens/s of random models of several families, formcast against transformers."""
     from transformers import AutoModelForCausalLM
 
     batches = [int(b) for b in args.batches.split(",")]
     dtype = args.dtypes.split(",")[0]
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, steps {args.steps}, dtype {dtype}, "
-          f"contexts 64..{MAX_CTX} tokens")  # fmt: skip
+          f"size {args.size}, contexts 64..{MAX_CTX} tokens")  # fmt: skip
     rows = []
     for family in args.families.split(","):
-        folder = family_folder(family, Path(args.cache))
+        folder = family_folder(family, Path(args.cache), args.size)
         runner = ModelRunner(folder, dtype=dtype, max_total_tokens=MAX_CTX * max(batches) + 4096, max_running_requests=max(batches + [2]))
         hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=DTYPES[dtype]).eval()
         params = sum(p.numel() for p in hf.parameters())
+        active = params - _inactive_expert_params(runner)
         warm = contexts(2, seed=99, vocab=runner.vocab_size)
         formcast_run(runner, warm, 2)
         hf_run(hf, warm, 2, pad_id=0)
         for batch in batches:
             prompts = contexts(batch, seed=batch, vocab=runner.vocab_size)
             with MoeTimer(runner) as timer:
-                start = time.perf_counter()
-                ours = formcast_run(runner, prompts, args.steps)
-                total = time.perf_counter() - start
+                ours = formcast_decode_only(runner, prompts, args.steps, timer)
+                decode_s = ours * args.steps / 1e3
             theirs = hf_run(hf, prompts, args.steps, pad_id=0)
-            moe_share = f"{timer.seconds / total:.0%}" if timer.blocks else ""
-            rows.append((family, params, batch, ours[1], theirs[1], moe_share))
-            print(f"  {family} batch {batch}: formcast {ours[1]:.1f} ms/step, transformers {theirs[1]:.1f} ms/step", flush=True)
+            shares = ("", "")
+            if timer.blocks:
+                shares = (f"{(timer.seconds - timer.expert_seconds) / decode_s:.0%}", f"{timer.expert_seconds / decode_s:.0%}")
+            rows.append((family, params, active, batch, ours, theirs[1], *shares))
+            print(f"  {family} batch {batch}: formcast {ours:.1f} ms/step, transformers {theirs[1]:.1f} ms/step", flush=True)
         del hf, runner
-    print("\n| family | params | batch | formcast decode tok/s | transformers decode tok/s | formcast / transformers | "
-          "formcast time in MoE blocks (prefill + decode) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for family, params, batch, fd, hd, share in rows:
-        print(f"| {family} | {params / 1e9:.2f}B | {batch} | {batch * 1e3 / fd:.1f} | {batch * 1e3 / hd:.1f} | {hd / fd:.2f}x | {share} |")
+    print("\n| family | params (active) | batch | formcast decode tok/s | transformers decode tok/s | formcast / transformers | "
+          "formcast decode time routing | formcast decode time in experts |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for family, params, active, batch, fd, hd, routing, experts in rows:
+        size = f"{params / 1e9:.2f}B" + (f" ({active / 1e9:.2f}B)" if active != params else "")
+        print(f"| {family} | {size} | {batch} | {batch * 1e3 / fd:.1f} | {batch * 1e3 / hd:.1f} | {hd / fd:.2f}x | {routing} | {experts} |")
+
+
+def formcast_decode_only(runner: ModelRunner, prompts: list[list[int]], steps: int, timer: MoeTimer | None = None) -> float:
+    """Mean decode ms/step over ``steps`` steps after an (untimed) prefill, every step timed;
+    ``timer`` is zeroed after the prefill, so it counts decode steps only."""
+    pools = (runner.req_to_token_pool, runner.token_to_kv_pool)
+    slots = runner.req_to_token_pool.alloc(len(prompts))
+    held = [runner.token_to_kv_pool.alloc(len(p)) for p in prompts]
+    out = runner.forward(ForwardBatch.init_new([ForwardInput(s, 0, p, loc) for s, p, loc in zip(slots, prompts, held)], *pools))
+    lens, total = [len(p) for p in prompts], 0.0
+    if timer is not None:
+        timer.seconds = timer.expert_seconds = 0.0
+    for _ in range(steps):
+        nxt = out.next_token_logits.argmax(-1).tolist()
+        inputs = []
+        for i, slot in enumerate(slots):
+            held.append(runner.token_to_kv_pool.alloc(1))
+            inputs.append(ForwardInput(slot, lens[i], [nxt[i]], held[-1]))
+            lens[i] += 1
+        _sync(runner.device)
+        start = time.perf_counter()
+        out = runner.forward(ForwardBatch.init_new(inputs, *pools))
+        out.next_token_logits.argmax(-1).tolist()
+        total += time.perf_counter() - start
+    for locs in held:
+        runner.token_to_kv_pool.free(locs)
+    runner.req_to_token_pool.free(slots)
+    return total / steps * 1e3
+
+
+def _inactive_expert_params(runner: ModelRunner) -> int:
+    """Expert parameters a token does not use: (E - top_k) / E of every MoE block's experts."""
+    from engine.models.moe import SparseMoeBlock
+
+    unused = 0
+    for block in runner.model.modules():
+        if isinstance(block, SparseMoeBlock):
+            experts = block.gate_up_proj.numel() + block.down_proj.numel()
+            unused += experts * (block.num_experts - block.top_k) // block.num_experts
+    return unused
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """formcast.kernels: torch/triton kernels (imports only torch and triton)."""
 
 from .decode_attention import paged_decode_attention
+from .fused_moe import fused_moe
 from .token_bitmask import apply_token_bitmask_inplace
 
-__all__ = ["apply_token_bitmask_inplace", "paged_decode_attention"]
+__all__ = ["apply_token_bitmask_inplace", "fused_moe", "paged_decode_attention"]

@@ -104,7 +104,7 @@ def test_config_fields(family_pair):
     if family == "gemma3":
         assert cfg.local_rope is not None and cfg.local_rope.theta == 1000.0 and cfg.rope.type == "linear"
     if family == "phi3":
-        assert cfg.rotary_dim == 12 and cfg.context_len == 128 and cfg.rope.attention_factor > 1.1
+        assert cfg.rotary_dim == 12 and cfg.context_len == 512 and cfg.rope.attention_factor > 1.1
         assert cfg.layer_windows == (WINDOW,) * 4
     assert (cfg.moe is not None) == (family in MOE)
     if family == "qwen2_moe":

@@ -82,6 +82,7 @@ class Engine:
             cfg = self.runner.model_config
             cpu_kernel_warmup.warm_up(self.runner.dtype, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, self.runner.token_to_kv_pool.dtype)
             cpu_kernel_warmup.warm_up_quantized(self.runner.model)
+            cpu_kernel_warmup.warm_up_moe(self.runner.model)
         kernels.wait(progress=lambda line: print(line, file=sys.stderr, flush=True))
         vocabulary_masks(self.vocab)  # the token trie and the mask kernels, loaded before ready
         self.grammar_backend = GrammarBackend(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import cpu_decode_attention, cpu_linear
+from . import cpu_decode_attention, cpu_linear, cpu_moe
 from .ggml_quants import MAX_QUANT_ROWS, QuantizedWeight, StackedWeight
 
 
@@ -54,3 +54,13 @@ def warm_up_quantized(model: torch.nn.Module) -> None:
                 for m_rows in (1, MAX_QUANT_ROWS + 1):
                     rows.matmul(torch.zeros(m_rows, w.shape[1]))
                 rows.embedding(torch.zeros(1, dtype=torch.int64))
+
+
+def warm_up_moe(model: torch.nn.Module) -> None:
+    """The grouped expert loops (``cpu_moe``) for the dtype of a mixture of experts' stacked
+    experts, when ``model`` has any."""
+    for module in model.modules():
+        weight = getattr(module, "gate_up_proj", None)
+        if getattr(module, "top_k", None) is not None and isinstance(weight, torch.Tensor) and weight.dim() == 3:
+            cpu_moe.warm_up(weight.dtype)
+            return

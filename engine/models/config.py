@@ -115,13 +115,9 @@ class ModelConfig:
 
     @property
     def context_len(self) -> int:
-        """Longest sequence the model runs exactly. Sliding-window layers attend within their
-        window at any length. LongRoPE with distinct long factors switches tables past
-        ``original_max_position_embeddings`` (transformers recomputes the whole sequence then);
-        formcast runs the short table only and stops there."""
-        rope = self.rope
-        if rope.type in ("longrope", "su") and rope.long_factor != rope.short_factor and rope.original_max_position_embeddings:
-            return min(self.max_position_embeddings, int(rope.original_max_position_embeddings))
+        """Longest sequence the model runs. Sliding-window layers attend within their window at any
+        length; LongRoPE switches to its long factors past ``original_max_position_embeddings``
+        (``layers.rotary``)."""
         return self.max_position_embeddings
 
     def window(self, layer: int) -> int | None:

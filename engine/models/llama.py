@@ -157,8 +157,9 @@ class LlamaForCausalLM(nn.Module):
         if self.config.embed_scale is not None:
             # transformers multiplies by the scale rounded to the weights' dtype
             hidden = hidden * torch.tensor(self.config.embed_scale, dtype=hidden.dtype)
-        cos, sin = self.rotary.cos_sin(batch.positions)
-        local = self.rotary_local.cos_sin(batch.positions) if self.rotary_local is not None else None
+        rows = (batch.seq_lens_cpu, batch.extend_seq_lens_cpu)  # LongRoPE picks its table per row
+        cos, sin = self.rotary.cos_sin(batch.positions, *rows)
+        local = self.rotary_local.cos_sin(batch.positions, *rows) if self.rotary_local is not None else None
         for i, layer in enumerate(self.layers):
             if local is not None and self._local[i]:
                 hidden = layer.forward(hidden, local[0], local[1], self.rotary_local, attn, batch)

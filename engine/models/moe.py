@@ -7,7 +7,12 @@ Experts are stacked: ``gate_up_proj`` [E, 2I, H] and ``down_proj`` [E, H, I]. Th
 groups the (token, choice) pairs by expert and runs each chosen expert once over its tokens, so a
 step reads only the chosen experts' weights: at batch 1 about top_k / num_experts of the expert
 bytes, which is what makes a sparse model's decode step cost like a dense model of its active size.
-Each expert is two ``cpu_linear.linear`` calls (the compiled loop on the CPU, torch elsewhere).
+On the CPU, a decode-sized batch runs every chosen expert in two compiled loops (``layers.cpu_moe``:
+gate/up with the activation, then down, over (expert group, output block) tasks); a prefill
+runs each chosen expert as two ``cpu_linear.linear`` calls over its tokens. On CUDA the experts
+run as ``kernels.fused_moe``'s Triton grouped GEMM instead (the same grouping, one launch for
+gate/up with the activation and one for down, every chosen expert in it), when the stacked
+weights are plain tensors (GGUF experts kept quantized take the per-expert path).
 
 Every forward keeps its routing (``last_ids`` [T, top_k] int64, ``last_weights`` [T, top_k]) on
 the block: the tensors exist anyway, so recording costs nothing, and the model collects them only
@@ -20,6 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.fused_moe import fused_moe
+
+from ..layers import cpu_moe
 from ..layers.activation import activation
 from ..layers.cpu_linear import linear
 from .config import ModelConfig
@@ -71,8 +79,16 @@ class SparseMoeBlock(nn.Module):
         return out
 
     def experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Sum over each token's chosen experts of weight * expert(token), one pass per chosen
-        expert over the tokens that chose it."""
+        """Sum over each token's chosen experts of weight * expert(token)."""
+        if x.device.type == "cuda" and all(type(w) in (torch.Tensor, nn.Parameter) for w in (self.gate_up_proj, self.down_proj)):
+            return fused_moe(x, self.gate_up_proj, self.down_proj, ids, weights, self.act)
+        if cpu_moe.available(x, self.gate_up_proj) and cpu_moe.available(x, self.down_proj):
+            return cpu_moe.moe_experts(x, self.gate_up_proj, self.down_proj, ids, weights, self.act)
+        return self.experts_on_cpu(x, ids, weights)
+
+    def experts_on_cpu(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """One pass per chosen expert over the tokens that chose it (``cpu_linear.linear``, which
+        multiplies weights kept in a ggml block format with their own kernels)."""
         out = torch.zeros_like(x)
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
