@@ -27,10 +27,13 @@ demo: install
 		--prompt "On what date did Apollo 11 land on the Moon? Answer as YYYY-MM-DD." --max-new-tokens 16
 
 # Two worker processes, each taking whole test files (a module's model and Engine load once);
-# TEST_WORKERS=0 runs everything in one process.
+# TEST_WORKERS=0 runs everything in one process. On an empty numba cache (a fresh clone) the
+# grammar kernels are compiled first, once, by parallel processes, so the workers only load them
+# instead of both compiling the same kernels at once.
 TEST_WORKERS ?= 2
 
 test: install
+	$(PY) -m grammar.jit_warmup
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # The property tests with fresh random seeds and 5x their examples (CI keeps one fixed seed):

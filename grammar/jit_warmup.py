@@ -1,21 +1,28 @@
 """The grammar's numba kernels compiled ahead of first use, in child processes.
 
 On a fresh install numba's cache is empty and the first compile of any constraint would wait
-about a minute while every kernel compiles (issue 25). :func:`start` spawns one child process
-per kernel group (the compile-time string-set products; the mask-time determinizer and trie
-walk), so both cores compile while the caller does something else (the engine loads its model);
-each child writes what it compiled to numba's on-disk cache, and the caller's own first use
+about a minute while every kernel compiles (issue 25). :func:`start` spawns two child processes,
+each running a lane of kernel groups (``jit_tasks.LANES``: the determinizer's core then the mask
+routes; the compile-time string-set products then the deep-configuration kernels), so both cores
+compile while the caller does something else (the engine loads its model); each child writes
+what it compiled to numba's on-disk cache, and the caller's own first use
 (``token_masks.vocabulary_masks``, run before the engine reports ready) only loads it.
 
 A marker file in the cache directory, named by a hash of the kernel modules' sources and the
-numba and Python versions, records that the cache is warm, so a warm start spawns nothing.
-Nothing here changes a result: a child that fails or is never started only means the caller
-compiles on first use, as before.
+numba and Python versions, records that the cache is warm, so a warm start spawns nothing. A
+lock file beside it makes concurrent processes on one cold cache (test workers, server replicas)
+compile once: the first spawns the children, the others wait for its marker. Nothing here
+changes a result: a child that fails or is never started only means the caller compiles on
+first use, as before.
+
+``python -m grammar.jit_warmup`` fills the cache and exits (``make test`` runs it before pytest,
+so the test workers only load).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -24,10 +31,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .jit_tasks import LANES
+
 _HERE = Path(__file__).resolve().parent
 # Modules holding numba kernels (a change to any of them invalidates the marker).
-KERNEL_MODULES = ("char_dfa.py", "char_dfa_kernels.py", "determinizer.py", "regions.py", "token_walk.py", "token_masks.py", "automaton.py")
-GROUPS = ("strings", "masks")
+KERNEL_MODULES = ("char_dfa.py", "char_dfa_kernels.py", "determinizer.py", "regions.py", "token_walk.py", "token_masks.py", "automaton.py", "token_trie.py")
+
+
+# LLVM optimisation level of the children's compiles (numba's default is 3). Measured (issue 25,
+# BENCHMARKS.md): level 1 compiles the grammar kernels in 12% less CPU and their masks and
+# compiles run as fast, bit for bit the same. Only our children get it: the caller's process
+# keeps its own numba settings. A NUMBA_OPT the user set is left alone.
+CHILD_ENV = {"NUMBA_OPT": "1"}
 
 
 def _marker() -> Path | None:
@@ -51,15 +66,56 @@ def is_warm() -> bool:
     return marker is not None and marker.exists()
 
 
+def _take_lock(blocking: bool):
+    """The cache's warm-up lock (an open file holding an exclusive ``flock``), or None when it
+    is held elsewhere (``blocking=False``) or cannot be had here (no fcntl, no writable cache:
+    then nobody waits, as before)."""
+    marker = _marker()
+    try:
+        import fcntl
+
+        if marker is None:
+            raise OSError("no cache directory")
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(marker.parent / "formcast-warm.lock", "a+b")  # noqa: SIM115 - held past this call
+    except (ImportError, OSError):
+        return io.BytesIO()  # a stand-in with close(): no lock
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return None
+    return handle
+
+
 @dataclass
 class Warmup:
     """Children compiling kernel groups; :meth:`wait` joins them (printing progress)."""
 
     procs: list[subprocess.Popen] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
+    lock: object = None  # the warm-up lock while our children compile
+    elsewhere: bool = False  # another process held the lock: wait for its marker
 
     def wait(self, progress: Callable[[str], None] | None = None) -> bool:
         """Join the children; True when every group compiled (the marker is then written)."""
+        if self.elsewhere:
+            if progress is not None:
+                progress("formcast: another process is compiling the grammar kernels; waiting for it...")
+            handle = _take_lock(blocking=True)
+            if handle is not None:
+                handle.close()
+            if is_warm():
+                return True
+            return _spawn().wait(progress)  # it failed or was stopped: compile here
+        try:
+            return self._join(progress)
+        finally:
+            if self.lock is not None:
+                self.lock.close()  # releases the flock
+                self.lock = None
+
+    def _join(self, progress: Callable[[str], None] | None) -> bool:
         ok = True
         for proc in self.procs:
             if proc.poll() is None and progress is not None:
@@ -77,21 +133,31 @@ class Warmup:
         return ok
 
 
-def start(groups: tuple[str, ...] = GROUPS) -> Warmup:
-    """Spawn one child per group unless the cache is already warm (then nothing is spawned)."""
+def start() -> Warmup:
+    """Spawn one child per lane unless the cache is already warm (then nothing is spawned)."""
     global _tried
     _tried = True  # this process has taken care of it: ensure_warm need not spawn again
     if is_warm() or os.environ.get("FORMCAST_NO_JIT_WARMUP"):
         return Warmup()
+    return _spawn()
+
+
+def _spawn() -> Warmup:
+    lock = _take_lock(blocking=False)
+    if lock is None:
+        return Warmup(elsewhere=True)
+    if is_warm():  # the holder finished between our check and the lock
+        lock.close()
+        return Warmup()
     root = str(_HERE.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
-               FORMCAST_NO_JIT_WARMUP="1")
+    env = dict(CHILD_ENV, **os.environ)
+    env.update(PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p), FORMCAST_NO_JIT_WARMUP="1")
     procs = [
-        subprocess.Popen([sys.executable, "-m", "grammar.jit_tasks", group], env=env, cwd=root,
+        subprocess.Popen([sys.executable, "-m", "grammar.jit_tasks", *lane], env=env, cwd=root,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for group in groups
+        for lane in LANES
     ]
-    return Warmup(procs)
+    return Warmup(procs, lock=lock)
 
 
 def warm_up_now(progress: Callable[[str], None] | None = None) -> bool:
@@ -130,3 +196,7 @@ def ensure_warm() -> None:
     _tried = True
     if not is_warm():
         warm_up_now(progress=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+if __name__ == "__main__":
+    sys.exit(0 if warm_up_now(progress=lambda line: print(line, file=sys.stderr, flush=True)) else 1)

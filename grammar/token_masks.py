@@ -101,16 +101,22 @@ def _warm_up(shared: VocabularyMasks) -> None:
     warm_up_masks(shared)
 
 
-def warm_up_masks(shared: VocabularyMasks) -> None:
-    """The mask routes of ``_warm_up`` (jit_warmup compiles them in a process of their own)."""
+def warm_up_nfa():  # -> ByteNFA
+    """The tiny grammar every warm-up runs: strings nested in brackets (recursive, with a string
+    region), so each mask route and each determinizer kernel is reached."""
     from . import ir
-    from .automaton import LazyAutomaton
     from .fsm import build_nfa
 
     text = ir.star(ir.char_class([(0x20, 0x21), (0x23, 0x10FFFF)]))
-    nested = ir.Grammar({"root": ir.choice(ir.seq(ir.literal('"'), text, ir.literal('"')),
-                                           ir.seq(ir.literal("["), ir.Ref("root"), ir.literal("]")))})
-    nfa = build_nfa(nested)
+    return build_nfa(ir.Grammar({"root": ir.choice(ir.seq(ir.literal('"'), text, ir.literal('"')),
+                                                   ir.seq(ir.literal("["), ir.Ref("root"), ir.literal("]")))}))
+
+
+def warm_up_masks(shared: VocabularyMasks) -> None:
+    """The mask routes of ``_warm_up`` (jit_warmup compiles them in a process of their own)."""
+    from .automaton import LazyAutomaton
+
+    nfa = warm_up_nfa()
     automaton = LazyAutomaton(nfa)
     masks = GrammarMasks(automaton, shared, recursive=nfa.recursive, nested=True, cache_bytes=1 << 20)
     for prefix in (b"", b'"', b"[[[[[", b'[[[[["'):

@@ -218,6 +218,33 @@ def test_the_warm_marker_has_a_place():
     assert jit_warmup._marker() is not None
 
 
+def test_a_second_process_on_a_cold_cache_waits_instead_of_compiling_again(tmp_path, monkeypatch):
+    # Two test workers (or server replicas) starting on one empty cache: the one holding the
+    # warm-up lock compiles, the other spawns no children and returns once the marker appears.
+    import threading
+
+    from grammar import jit_warmup
+
+    marker = tmp_path / "formcast-warm-test"
+    monkeypatch.setattr(jit_warmup, "_marker", lambda: marker)
+    monkeypatch.setattr(jit_warmup.subprocess, "Popen", lambda *a, **k: pytest.fail("spawned a compile child"))
+    holder = jit_warmup._take_lock(blocking=False)
+    assert holder is not None and (tmp_path / "formcast-warm.lock").exists()
+    second = jit_warmup._spawn()
+    assert second.elsewhere and not second.procs
+
+    def finish() -> None:  # the holder's children are done: marker, then the lock is released
+        marker.touch()
+        holder.close()
+
+    timer = threading.Timer(0.2, finish)
+    timer.start()
+    lines: list[str] = []
+    assert second.wait(progress=lines.append)
+    timer.join()
+    assert lines and "another process" in lines[0]
+
+
 _COLD_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/tests")
