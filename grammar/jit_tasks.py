@@ -13,7 +13,8 @@ cores compile and each kernel compiles once (a kernel's callees are compiled int
 two processes reaching one callee at once would both compile it).
 
 A module of its own because the tasks import the mask machinery (``token_masks``), which itself
-asks ``jit_warmup`` for a warm cache: the warm-up names its tasks by module, not by import.
+asks ``jit_warmup`` for a warm cache: the warm-up names its tasks (``jit_warmup.LANES``) by
+module and task name, never by import.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import sys
 import time
 
-LANES = (("core", "masks"), ("strings", "tails"))
 CORE_WAIT_SECONDS = 600.0  # past this, ``tails`` compiles what it needs itself
 
 

@@ -2,7 +2,7 @@
 
 On a fresh install numba's cache is empty and the first compile of any constraint would wait
 about a minute while every kernel compiles (issue 25). :func:`start` spawns two child processes,
-each running a lane of kernel groups (``jit_tasks.LANES``: the determinizer's core then the mask
+each running a lane of kernel groups (``LANES``: the determinizer's core then the mask
 routes; the compile-time string-set products then the deep-configuration kernels), so both cores
 compile while the caller does something else (the engine loads its model); each child writes
 what it compiled to numba's on-disk cache, and the caller's own first use
@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .jit_tasks import LANES
 
 _HERE = Path(__file__).resolve().parent
 # Modules holding numba kernels (a change to any of them invalidates the marker).
+# The kernel groups of ``jit_tasks``, one lane per child process, balanced by compile time.
+LANES = (("core", "masks"), ("strings", "tails"))
 KERNEL_MODULES = ("char_dfa.py", "char_dfa_kernels.py", "determinizer.py", "regions.py", "token_walk.py", "token_masks.py", "automaton.py", "token_trie.py")
 
 
