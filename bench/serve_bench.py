@@ -118,7 +118,8 @@ async def one_request(http: httpx.AsyncClient, body: dict, stamps: list[float] |
     start = time.perf_counter()
     first, last, gaps, tokens = None, None, [], 0
     async with http.stream("POST", "/v1/chat/completions", json=body) as reply:
-        reply.raise_for_status()
+        if reply.status_code != 200:
+            raise RuntimeError(f"{reply.status_code}: {(await reply.aread()).decode()[:500]}")
         async for line in reply.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -251,7 +252,7 @@ async def compile_probe(url: str, model: str, clients: int, max_tokens: int, tag
         streams = [asyncio.create_task(one_request(http, request_body(model, 500 + c, False, max_tokens), stamps[c])) for c in range(clients)]
         while min(len(s) for s in stamps) < 6:  # every stream decoding, a few gaps each
             await asyncio.sleep(0.05)
-        body = {"model": model, "messages": [{"role": "user", "content": "An email address, as JSON."}], "max_tokens": 48, "temperature": 0, "stream": True,
+        body = {"model": model, "messages": [{"role": "user", "content": "An email address, as JSON."}], "max_tokens": 400, "temperature": 0, "stream": True,
                 "response_format": {"type": "json_schema", "json_schema": {"name": "contact", "schema": compile_schema(tag)}}}  # fmt: skip
         sent = time.perf_counter()
         constrained = await one_request(http, body)
