@@ -112,9 +112,9 @@ def long_prompt_body(model: str, k: int, words: int) -> dict:
     return {"model": model, "messages": [{"role": "user", "content": f"{k}: {text}"}], "max_tokens": 1, "stream": True}
 
 
-async def one_request(http: httpx.AsyncClient, body: dict, stamps: list[float] | None = None) -> RequestTiming:
+async def one_request(http: httpx.AsyncClient, body: dict, stamps: list[float] | None = None, first_only: bool = False) -> RequestTiming:
     """Send one streamed chat request; ``stamps`` (if given) receives the arrival time of every
-    text chunk."""
+    text chunk; ``first_only`` leaves after the first one (the disconnect aborts the request)."""
     start = time.perf_counter()
     first, last, gaps, tokens = None, None, [], 0
     async with http.stream("POST", "/v1/chat/completions", json=body) as reply:
@@ -134,6 +134,8 @@ async def one_request(http: httpx.AsyncClient, body: dict, stamps: list[float] |
                     stamps.append(now)
                 if first is None:
                     first = now
+                    if first_only:
+                        break
                 else:
                     gaps.append(now - last)
                 last = now
@@ -255,7 +257,7 @@ async def compile_probe(url: str, model: str, clients: int, max_tokens: int, tag
         body = {"model": model, "messages": [{"role": "user", "content": "An email address, as JSON."}], "max_tokens": 400, "temperature": 0, "stream": True,
                 "response_format": {"type": "json_schema", "json_schema": {"name": "contact", "schema": compile_schema(tag)}}}  # fmt: skip
         sent = time.perf_counter()
-        constrained = await one_request(http, body)
+        constrained = await one_request(http, body, first_only=True)
         first = sent + constrained.ttft
         await asyncio.gather(*streams)
     before, during = [], []
