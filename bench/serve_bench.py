@@ -2,7 +2,8 @@
 
     python bench/serve_bench.py [--clients 1,8,32] [--rounds 2] [--max-tokens 32] [--threads 1]
                                 [--port 30123] [--model PATH]
-                                [--long-prompt-tokens N] [--policies off,64]
+                                [--long-prompt-tokens N] [--policies off,64] [--scenarios none,json]
+                                [--probes hol,compile] [--hol-tokens 4000] [--compile-clients 4]
 
 Starts ``formcast serve`` in a subprocess (its own interpreter: the clients do not share its
 GIL), then for each scenario -- unconstrained chat (``ignore_eos``, exactly ``--max-tokens``
