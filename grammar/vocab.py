@@ -49,6 +49,19 @@ class TokenVocabulary:
         toks = tuple(b"" if i in special else bytes(t) for i, t in enumerate(token_bytes))
         return cls(toks, eos, special)
 
+    def with_text_tokens(self, texts: dict[int, bytes]) -> "TokenVocabulary":
+        """This vocabulary with the special tokens ``texts`` made plain text tokens of those bytes:
+        a grammar can then produce them wherever their text fits and the detokenizer shows them
+        (a tool-call marker such as ``[TOOL_CALLS]`` that the model writes as one control token).
+        EOS ids stay EOS."""
+        if not texts:
+            return self
+        toks = list(self.token_bytes)
+        for i, text in texts.items():
+            toks[i] = bytes(text)
+        kept = {int(i) for i in texts} - self.eos_token_ids
+        return TokenVocabulary(tuple(toks), self.eos_token_ids, self.special_token_ids - kept)
+
     @classmethod
     def byte_level(cls, extra_tokens: Sequence[bytes | str] = ()) -> "TokenVocabulary":
         """A toy vocabulary for unit tests: ids 0..255 are single bytes, then ``extra_tokens``,

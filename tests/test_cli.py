@@ -78,3 +78,12 @@ def test_cli_batch_file_runs_on_the_engine(tmp_path):
 def test_cli_refused_constraint_exits_2(capsys):
     assert cli.main(["generate", "--regex", "(?<=a)b", "--prompt", "x", "--dtype", "float32"]) == 2
     assert "lookbehind" in capsys.readouterr().err
+
+
+def test_cli_budget_below_the_shortest_output_exits_2(capsys):
+    """A date-time and a uuid cannot fit 8 tokens: refused naming the minimum, never a cut document."""
+    schema = json.dumps({"type": "object", "properties": {"t": {"type": "string", "format": "date-time"}, "u": {"type": "string", "format": "uuid"}},
+                         "required": ["t", "u"]})  # fmt: skip
+    assert cli.main(["generate", "--json-schema", schema, "--max-new-tokens", "8", "--prompt", "x", "--dtype", "float32"]) == 2
+    err = capsys.readouterr().err
+    assert "max_new_tokens" in err and "allow at least" in err, err

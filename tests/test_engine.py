@@ -269,6 +269,9 @@ def test_reasoning_end_leaves_text_free_until_the_marker():
         budget = eng.generate(input_ids=prompt, sampling_params={**ask, "max_reasoning_tokens": 2})
         tight = eng.generate(input_ids=prompt, sampling_params={**ask, "max_new_tokens": 9})
         unconstrained = eng.generate(input_ids=prompt, sampling_params={**GREEDY, "max_new_tokens": 6, "max_reasoning_tokens": 2})
+        # Logprobs stay one per output token across the forced close (streamed deltas too).
+        logged = eng.generate(input_ids=prompt, sampling_params={**ask, "max_reasoning_tokens": 2}, return_logprob=True, top_logprobs_num=2)
+        chunks = list(eng.generate(input_ids=prompt, sampling_params={**ask, "max_reasoning_tokens": 2}, return_logprob=True, stream=True))
         tokens = lambda text: len(eng.tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
     free, marker, constrained = out["text"].rpartition("year")
     assert marker and free, out["text"]
@@ -280,6 +283,13 @@ def test_reasoning_end_leaves_text_free_until_the_marker():
         assert len(answer) == 5 and answer[1:].isdigit() and res["meta_info"]["finish_reason"]["type"] == "stop", res["text"]
     assert tokens(budget["text"].partition("\nyear")[0]) == 2
     assert tokens(tight["text"]) <= 8  # the EOS that ended it is the 9th
+    close = eng.tokenizer.encode("\nyear", add_special_tokens=False)
+    meta = logged["meta_info"]
+    assert logged["text"] == budget["text"] and [t for _, t, _ in meta["output_token_logprobs"]] == logged["output_ids"]
+    assert [(lp, t) for lp, t, _ in meta["output_token_logprobs"][2 : 2 + len(close)]] == [(0.0, t) for t in close]
+    assert len(meta["output_top_logprobs"]) == len(logged["output_ids"]) and meta["output_top_logprobs"][2][0][:2] == (0.0, close[0])
+    streamed = [t for c in chunks for _, t, _ in c["meta_info"].get("output_token_logprobs") or []]
+    assert streamed == logged["output_ids"]
     assert "\nyear" in unconstrained["text"] and tokens(unconstrained["text"].partition("\nyear")[0]) == 2, unconstrained["text"]
 
 

@@ -128,6 +128,11 @@ def test_results_from_each_finish_reason():
     assert cut.error.message == "incomplete within max_new_tokens=16: the output stopped after 16 tokens"
     aborted = from_generation("a", 1, _out("", {"type": "abort", "message": "out of KV cache memory"}), "regex", 16)
     assert aborted.error == ExtractError(FailureType.ABORTED, "out of KV cache memory")
+    # An admission refusal is told by the typed field, not by the message's wording.
+    refused = from_generation("a", 1, _out("", {"type": "abort", "message": "no output fits", "field": "max_new_tokens"}, 0), "json_schema", 3)
+    assert refused.error == ExtractError(FailureType.INCOMPLETE, "incomplete within max_new_tokens=3: no output fits")
+    caller = from_generation("a", 1, _out("", {"type": "abort", "message": "max_new_tokens: aborted by the caller"}, 0), "json_schema", 3)
+    assert caller.error.type == FailureType.ABORTED
     bad = from_generation("a", 1, _out("{", {"type": "stop", "matched": 2}), "json_schema", 16)
     assert bad.error.type == FailureType.INVALID_OUTPUT
     for result in (ok, cut, aborted):

@@ -209,6 +209,18 @@ def test_client_fields_are_honoured(http):
     assert r.json()["usage"]["completion_tokens"] <= 3
 
 
+@pytest.mark.parametrize("whitespace", ["compact", "pretty"])
+def test_json_whitespace_over_http(http, whitespace):
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"type": "boolean"}},
+              "required": ["a", "b"], "additionalProperties": False}  # fmt: skip
+    rf = {"type": "json_schema", "json_schema": {"name": "ab", "schema": schema}}
+    r = http.post("/v1/chat/completions", json=_chat(response_format=rf, json_whitespace=whitespace, max_tokens=40))
+    assert r.status_code == 200, r.text
+    text = r.json()["choices"][0]["message"]["content"]
+    value = json.loads(text)
+    assert text == json.dumps(value, separators=(",", ":")) if whitespace == "compact" else text == json.dumps(value, indent=2), text
+
+
 def test_continuous_usage_stats(http):
     body = _chat(max_tokens=4, ignore_eos=True, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})
     with http.stream("POST", "/v1/chat/completions", json=body) as s:

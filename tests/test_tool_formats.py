@@ -105,3 +105,52 @@ def test_auto_tag_of_each_family_compiles_and_validates_arguments(fmt, smollm2_v
     assert accepts("Sure. " + fmt.render("get_weather", json.dumps({"city": "Rome"})))
     assert not accepts("Sure. " + fmt.render("get_weather", json.dumps({"town": "Rome"})))
     assert not accepts("Sure. " + fmt.begin("no_such_tool"))
+
+
+@pytest.fixture(scope="module")
+def marker_tokenizer(smollm2_tokenizer):
+    """SmolLM2's tokenizer with Mistral's and Llama 3's markers added as special tokens, as their
+    own tokenizers have them."""
+    import copy
+
+    tokenizer = copy.deepcopy(smollm2_tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]", "<|python_tag|>"]})
+    return tokenizer
+
+
+@pytest.mark.parametrize("fmt", [MISTRAL, LLAMA3], ids=lambda f: f.name)
+def test_markers_that_are_special_tokens_reach_the_grammar_and_the_parser(fmt, marker_tokenizer, tmp_path):
+    from engine.constrained.grammar_backend import GrammarBackend
+    from engine.entrypoints.tool_formats import marker_token_texts
+    from engine.managers.detokenizer import IncrementalDetokenizer, TokenTexts
+    from engine.sampling_params import SamplingParams
+    from grammar import GrammarMatcher
+    from grammar.vocab import TokenVocabulary
+
+    marker = "[TOOL_CALLS]" if fmt is MISTRAL else "<|python_tag|>"
+    marker_id = marker_tokenizer.convert_tokens_to_ids(marker)
+    plain = TokenVocabulary.from_tokenizer(marker_tokenizer, cache_dir=tmp_path)
+    assert marker_id in plain.special_token_ids and plain.token_bytes[marker_id] == b""
+    vocab = plain.with_text_tokens(marker_token_texts(fmt, marker_tokenizer, plain.special_token_ids))
+    assert vocab.token_bytes[marker_id] == marker.encode() and marker_id not in vocab.special_token_ids
+    assert vocab.eos_token_ids == plain.eos_token_ids and vocab.fingerprint != plain.fingerprint
+
+    # What the model writes: the marker as its one control token, then the call as text.
+    call = ("" if fmt.trigger == marker else marker) + fmt.render("get_weather", json.dumps({"city": "Rome"}))
+    ids = marker_tokenizer("Sure. " + call, add_special_tokens=False)["input_ids"]
+    assert marker_id in ids
+    for texts, seen in ((TokenTexts(plain, marker_tokenizer), False), (TokenTexts(vocab, marker_tokenizer), True)):
+        detok = IncrementalDetokenizer(texts)  # skip_special_tokens=True, the default
+        text = "".join(detok.feed([i]) for i in ids) + detok.feed([], finished_reason=object())
+        assert (marker in text) is seen
+        if seen:
+            assert _read(fmt, [text]) == ("Sure.", [("get_weather", '{"city": "Rome"}')])
+
+    # The structural tag's trigger matches the model's own marker token.
+    backend = GrammarBackend(vocab)
+    try:
+        compiled = backend.compile(SamplingParams(structural_tag=auto_structural_tag(TOOLS, fmt)))
+    finally:
+        backend.shutdown()
+    matcher = GrammarMatcher(compiled)
+    assert all(matcher.accept_token(t) for t in ids)

@@ -48,7 +48,7 @@ from ..model_executor.model_runner import ModelRunner
 from ..sampling_params import InvalidSamplingParams, SamplingParams
 from ..speculative.worker import SpeculativeConfig, build_worker
 from .engine_args import EngineArgs
-from .tool_formats import ToolCallFormat, detect_format
+from .tool_formats import ToolCallFormat, detect_format, marker_token_texts
 
 
 # apply_chat_template's own arguments: a caller's template variables may not override them.
@@ -77,6 +77,8 @@ class Engine:
         )
         self.tokenizer = load_tokenizer(args.tokenizer_path or self.runner.model_path)
         self.vocab = _with_model_eos(TokenVocabulary.from_tokenizer(self.tokenizer), self.runner.model_config.eos_token_ids)
+        # Tool-call markers the model writes as one control token are text to the grammar and the parser.
+        self.vocab = self.vocab.with_text_tokens(marker_token_texts(self.tool_call_format, self.tokenizer, self.vocab.special_token_ids))
         self.context_len = self.runner.context_len
         if self.runner.device.type == "cpu":  # compiled here (cold) while the grammar's children compile theirs
             cfg = self.runner.model_config

@@ -28,7 +28,8 @@ class EngineArgs:
     chunked_prefill_size: int = 512  # prompt tokens per forward; longer prompts go in chunks
     # The latency policy: while any request is decoding, a forward takes at most this many prompt
     # tokens (None: chunked_prefill_size), so a long prompt arriving never stalls running streams
-    # for a whole chunk; prefills take more steps instead.
+    # for a whole chunk; prefills take more steps instead. With it on, a prompt being prefilled in
+    # chunks also leaves half of each step to waiting requests (no short request waits out a long prefill).
     decode_prefill_budget: int | None = None
     enable_prefix_cache: bool = True
     enable_jump_forward: bool = True

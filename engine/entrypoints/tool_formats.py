@@ -15,12 +15,21 @@ tag forces the rest of ``begin`` for one of the tools, arguments valid against i
 template (the call syntax it renders), then from the model family; ``EngineArgs.tool_call_parser``
 (``formcast serve --tool-call-parser``) overrides it. Models whose template does not describe
 tools (SmolLM2-135M) get ``hermes``, which formcast's own tools prompt describes.
+
+Markers that are control tokens: Mistral's ``[TOOL_CALLS]`` and Llama 3's ``<|python_tag|>`` are
+single special tokens of their tokenizers. A grammar never produces a special token and the
+detokenizer drops them (``skip_special_tokens``), so the call would be neither constrained at the
+trigger the model actually writes nor seen by the parser. ``marker_token_texts`` finds the
+format's markers that the tokenizer spells as one special token, and the Engine makes those plain
+text tokens of its vocabulary (``TokenVocabulary.with_text_tokens``): the structural tag's trigger
+then matches the model's own token and the parser reads the marker in the text.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,17 @@ FORMATS: dict[str, ToolCallFormat] = {"hermes": HERMES, "qwen": HERMES, "llama3"
 # Model families (a config's model_type or architecture, lower case) whose syntax is known when
 # the template says nothing.
 _FAMILY_HINTS = (("qwen", HERMES), ("hermes", HERMES), ("mistral", MISTRAL), ("mixtral", MISTRAL))
+
+
+def marker_token_texts(fmt: ToolCallFormat, tokenizer: Any, special_token_ids: frozenset[int]) -> dict[int, bytes]:
+    """{token id: marker bytes} for the markers of ``fmt`` (its trigger and dropped markers) that
+    ``tokenizer`` encodes as one special token."""
+    out: dict[int, bytes] = {}
+    for marker in (fmt.trigger, *fmt.dropped):
+        ids = list(tokenizer.encode(marker, add_special_tokens=False))
+        if len(ids) == 1 and ids[0] in special_token_ids:
+            out[int(ids[0])] = marker.encode("utf-8")
+    return out
 
 
 def get_format(name: str) -> ToolCallFormat:

@@ -113,7 +113,7 @@ def from_generation(record_id: str | int, line: int, out: dict[str, Any], kind: 
         return ExtractResult(**base, error=ExtractError(FailureType.INCOMPLETE, reason.get("message", "the constraint allows no completion")))
     if reason["type"] == "abort":
         message = reason.get("message", "aborted")
-        if message.startswith("max_new_tokens:"):
+        if reason.get("field") == "max_new_tokens":
             # Refused at admission (constrained.output_budget): no output of the constraint fits
             # the budget, so the record could only have ended cut; it never ran.
             return ExtractResult(**base, error=ExtractError(FailureType.INCOMPLETE, f"incomplete within max_new_tokens={max_new_tokens}: {message}"))

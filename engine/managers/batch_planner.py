@@ -4,7 +4,9 @@ Every running request gets a row: a decoding request feeds its uncached tokens (
 after jump-forward), a request still prefilling feeds its next chunk. Waiting requests are
 admitted first come, first served while there are request slots, prefill budget
 (``chunked_prefill_size`` tokens per forward; ``decode_prefill_budget`` while any request is
-decoding, which bounds the inter-token latency of running streams) and KV room (free plus evictable slots, keeping a
+decoding, which bounds the inter-token latency of running streams; with that policy on, a prompt
+being chunk-prefilled takes at most half a step's budget while requests wait, so a short request
+does not queue behind a long prompt's whole prefill) and KV room (free plus evictable slots, keeping a
 small reserve per running request for its next tokens); an admitted request starts from its
 longest prefix in the radix cache. A request whose uncached prompt shares a long prefix with one
 being prefilled right now waits a step, then reuses that prefill. Drafts (speculation) are
@@ -58,12 +60,15 @@ class BatchPlanner:
         limit = self.config.decode_prefill_budget
         if limit is not None and any(req.kv_len >= len(req.origin_input_ids) for req in running):
             budget = min(budget, limit)  # decodes first: this step's prefill stays short
+        # Under the latency policy a long prompt being prefilled leaves half of each step to the
+        # waiting requests, so a short request behind it starts within a step, not after it.
+        chunk_cap = max(1, budget // 2) if limit is not None and waiting else budget
         for req in running:
             uncached = req.seq_len - req.kv_len
             if uncached <= 0:  # cannot happen; finishing it beats waiting forever
                 req.abort("internal error: nothing left to compute for this request")
                 continue
-            n = uncached if uncached <= 1 or req.kv_len >= len(req.origin_input_ids) else min(uncached, budget)
+            n = uncached if uncached <= 1 or req.kv_len >= len(req.origin_input_ids) else min(uncached, budget, chunk_cap)
             if n <= 0:
                 continue
             if uncached > 1 and req.kv_len < len(req.origin_input_ids):

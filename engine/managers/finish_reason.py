@@ -5,6 +5,9 @@
 * ``{"type": "stop", "matched": "<stop string>"}``: a stop string (removed from the text);
 * ``{"type": "length", "length": n}``: ``max_new_tokens`` or the context limit;
 * ``{"type": "abort", "message": "..."}``: refused grammar, grammar budget, abort by the caller;
+  a request refused at admission because of one of its fields also carries ``"field": <name>``
+  (e.g. ``max_new_tokens`` below the shortest output the constraint allows), so callers can tell
+  "never ran because of this field" from other aborts without reading the message;
 * ``{"type": "dead_end", "message": "..."}``: the constraint allows no next token and the output
   is not complete (a constraint the compiler admits whose every path dead-ends, e.g. more unique
   items than the item type has values). The output so far is returned; nothing failed in the
@@ -54,9 +57,13 @@ class FinishLength(FinishReason):
 @dataclass(frozen=True)
 class FinishAbort(FinishReason):
     message: str
+    field: str | None = None  # the request field that made the engine refuse it at admission
 
     def to_json(self) -> dict[str, Any]:
-        return {"type": "abort", "message": self.message}
+        out: dict[str, Any] = {"type": "abort", "message": self.message}
+        if self.field is not None:
+            out["field"] = self.field
+        return out
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,10 @@ its tokens without sampling (jump-forward; they enter the next forward as one ex
 While a reasoning section is open, the reasoning end tag is watched for (for a constrained
 request, or one with ``max_reasoning_tokens``); once the reasoning has used its budget, or only
 the room for the shortest constrained answer (and its EOS) is left in ``max_new_tokens``, "\n"
-plus the end tag is appended as forced tokens, like jump-forward (no logprobs are reported for
-them).
+plus the end tag is appended as forced tokens, like jump-forward. A request that asked for
+logprobs gets each of them with logprob 0.0 and itself as the only top alternative: reported
+logprobs are those of the distribution the token was chosen from (the constraint's), and a forced
+token was the only choice; this keeps the logprobs one per output token.
 
 Jump-forward re-tokenizes the forced text with the model's own tokenizer, so the model sees the
 tokens it would normally see, and keeps them only if their bytes are exactly the forced bytes
@@ -176,6 +178,10 @@ class OutputProcessor:
         if not limits or len(req.output_ids) < min(limits):
             return
         req.output_ids.extend(close)
+        if req.return_logprob:
+            req.output_token_logprobs.extend((0.0, t) for t in close)
+            if req.top_logprobs_num:
+                req.output_top_logprobs.extend([(0.0, t)] for t in close)
         req.forced_tokens += len(close)
         self.stats["forced"] += len(close)
         req.reasoning_done = True

@@ -59,6 +59,7 @@ class Req:
     forced_tokens: int = 0  # output tokens appended by jump-forward, without sampling
     finished_reason: FinishReason | None = None
     to_abort: str | None = None  # message of a pending abort
+    abort_field: str | None = None  # the request field an admission refusal names (FinishAbort.field)
     # Per output token (only when asked): (logprob, id), top logprobs, hidden states.
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
@@ -109,7 +110,7 @@ class Req:
         if self.finished:
             return
         if self.to_abort is not None:
-            self.finished_reason = FinishAbort(self.to_abort)
+            self.finished_reason = FinishAbort(self.to_abort, self.abort_field)
             return
         if not self.output_ids:
             if self.max_new_tokens <= 0:
@@ -165,5 +166,6 @@ class Req:
         longest = max(len(s.encode("utf-8")) for s in self.sampling_params.stop or ())
         return self.decode(self.output_ids[-(longest + new_tokens) :])
 
-    def abort(self, message: str) -> None:
+    def abort(self, message: str, field: str | None = None) -> None:
         self.to_abort = message
+        self.abort_field = field

@@ -189,8 +189,8 @@ class Scheduler:
             if req.rid == rid:
                 req.abort(message)
 
-    def _finish_unscheduled(self, req: Req, message: str) -> None:
-        req.abort(message)
+    def _finish_unscheduled(self, req: Req, message: str, field: str | None = None) -> None:
+        req.abort(message, field)
         req.check_finished()
         self.stats["finished"] += 1
         self.sink(OutputProcessor.step_outputs([req]))
@@ -235,7 +235,7 @@ class Scheduler:
                 check_output_budget(compiled, req.sampling_params)
                 req.grammar = GrammarMatcher(compiled)
             except (GrammarError, InvalidSamplingParams) as exc:  # refused, or no output fits the budget
-                self._finish_unscheduled(req, str(exc))
+                self._finish_unscheduled(req, str(exc), getattr(exc, "field", None))
                 continue
             except Exception as exc:  # noqa: BLE001 - a compiler bug aborts this request only
                 log.exception("grammar compilation crashed")
