@@ -246,8 +246,11 @@ def main() -> None:
                             for drafter in drafters:
                                 use_drafter(engine, drafter, args.draft_layers)
                                 timer.on = batch == 1
-                                _add(totals[drafter], run(engine, prompts[i : i + batch], mode_params[i : i + batch]))
+                                r = run(engine, prompts[i : i + batch], mode_params[i : i + batch])
                                 timer.on = False
+                                print(f"# {dtype} {name} {mode} b{batch} chunk {i}: {drafter} {r['tokens']} tokens "
+                                      f"in {r['wall']:.1f} s, {r['forwards']} forwards", file=sys.stderr, flush=True)  # fmt: skip
+                                _add(totals[drafter], r)
                         for drafter in drafters:
                             r = totals[drafter]
                             same = r.pop("outs") == totals["none"]["outs"] if "outs" in totals["none"] else True
