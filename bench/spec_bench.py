@@ -127,10 +127,14 @@ class ForwardTimer:
         self.forward = runner.forward
         self.times: dict[int, list[float]] = {}
         self.on = False
+        self.rows = 0  # token rows of all decode / verify forwards (timed or not)
         runner.forward = self
 
     def __call__(self, batch):  # type: ignore[no-untyped-def]
-        if not self.on or min(batch.extend_prefix_lens_cpu) == 0:  # prefills are not decode steps
+        if min(batch.extend_prefix_lens_cpu) == 0:  # prefills are not decode steps
+            return self.forward(batch)
+        self.rows += batch.num_tokens
+        if not self.on:
             return self.forward(batch)
         start = time.perf_counter()
         out = self.forward(batch)
@@ -182,15 +186,15 @@ def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
     engine.scheduler.call(swap)
 
 
-def run(engine: Engine, prompts: list[list[int]], params: list[dict]) -> dict:
+def run(engine: Engine, prompts: list[list[int]], params: list[dict], timer: ForwardTimer) -> dict:
     sched = engine.scheduler
-    forwards = sched.stats["forwards"]
+    forwards, rows = sched.stats["forwards"], timer.rows
     start = time.perf_counter()
     outs = engine.generate(input_ids=prompts, sampling_params=params)
     wall = time.perf_counter() - start
     result = {"tokens": sum(o["meta_info"]["completion_tokens"] for o in outs), "wall": wall,
               "forwards": sched.stats["forwards"] - forwards, "outs": [o["output_ids"] for o in outs],
-              "jump": sum(o["meta_info"]["jump_forward_tokens"] for o in outs)}  # fmt: skip
+              "jump": sum(o["meta_info"]["jump_forward_tokens"] for o in outs), "rows": timer.rows - rows}  # fmt: skip
     if sched.spec:
         result.update(sched.spec.stats)  # a fresh worker per run: its stats are this run's
     return result
@@ -246,7 +250,7 @@ def main() -> None:
                             for drafter in drafters:
                                 use_drafter(engine, drafter, args.draft_layers)
                                 timer.on = batch == 1
-                                r = run(engine, prompts[i : i + batch], mode_params[i : i + batch])
+                                r = run(engine, prompts[i : i + batch], mode_params[i : i + batch], timer)
                                 timer.on = False
                                 print(f"# {dtype} {name} {mode} b{batch} chunk {i}: {drafter} {r['tokens']} tokens "
                                       f"in {r['wall']:.1f} s, {r['forwards']} forwards", file=sys.stderr, flush=True)  # fmt: skip
@@ -280,8 +284,8 @@ def _cost_table(costs: dict) -> None:
 def _table(rows: list) -> None:
     base = {key: r for key, d, r, _ in rows if d == "none"}
     print("\n| dtype | workload | whitespace | batch | drafter | output tok/s | speed-up vs none | output tokens / forward "
-          "| acceptance rate | mean accepted per verify | jump-forward share | identical to none |")  # fmt: skip
-    print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
+          "| decode rows / output token | acceptance rate | mean accepted per verify | jump-forward share | identical to none |")  # fmt: skip
+    print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for key, drafter, r, same in rows:
         dtype, name, mode, batch = key
         tps = r["tokens"] / r["wall"]
@@ -290,7 +294,7 @@ def _table(rows: list) -> None:
         acc = f"{r['accepted'] / r['drafted']:.0%}" if r.get("drafted") else ""
         mean = f"{r['accepted'] / r['steps']:.2f}" if r.get("steps") else ""
         print(f"| {dtype} | {name} | {mode} | {batch} | {drafter} | {tps:.1f} | {speed} | {r['tokens'] / r['forwards']:.2f} "
-              f"| {acc} | {mean} | {r['jump'] / r['tokens']:.0%} | {'yes' if same else 'NO'} |")
+              f"| {r['rows'] / r['tokens']:.2f} | {acc} | {mean} | {r['jump'] / r['tokens']:.0%} | {'yes' if same else 'NO'} |")
 
 
 if __name__ == "__main__":
