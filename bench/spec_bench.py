@@ -255,14 +255,14 @@ def main() -> None:
                                 print(f"# {dtype} {name} {mode} b{batch} chunk {i}: {drafter} {r['tokens']} tokens "
                                       f"in {r['wall']:.1f} s, {r['forwards']} forwards", file=sys.stderr, flush=True)  # fmt: skip
                                 _add(totals[drafter], r)
+                        reference = totals["none"].get("outs")
                         for drafter in drafters:
                             r = totals[drafter]
-                            same = r.pop("outs") == totals["none"]["outs"] if "outs" in totals["none"] else True
+                            same = r.pop("outs", None) == reference
                             key = (dtype, name, mode, batch)
                             rows.append((key, drafter, r, same))
                             print(json.dumps({"dtype": dtype, "workload": name, "whitespace": mode, "batch": batch, "drafter": drafter,
                                               "same_as_none": same, **r}), flush=True)  # fmt: skip
-                        totals["none"].pop("outs", None)
             use_drafter(engine, "none", args.draft_layers)
             costs[dtype] = timer.times
     _table(rows)
