@@ -145,8 +145,8 @@ class ForwardTimer:
 def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
     """Swap the scheduler's speculative worker (between requests, on its thread) for ``spec``:
     ``none``, an algorithm (``ngram+grammar``), optionally with ``:k=N`` (draft tokens),
-    ``:legacy`` (the n-gram drafter before issue 29's second pass: longest of 4, last occurrence
-    anywhere, structural matches kept) or ``:fixed`` (no adaptive k)."""
+    ``:prompt`` (the n-gram drafter with issue 29's match rules: longest of 8, the prompt first,
+    no structural matches; the default drafter is the one before them, ``:legacy`` names it) or ``:fixed`` (no adaptive k)."""
     from engine.speculative.drafters import ChainDrafter, NgramDrafter
     from engine.speculative.worker import SpeculativeConfig, SpeculativeWorker, build_drafter
 
@@ -159,7 +159,7 @@ def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
             config.adaptive = False
         elif opt.startswith("cost="):
             config.verify_cost = float(opt[5:])
-        elif opt != "legacy":
+        elif opt not in ("legacy", "prompt"):
             raise SystemExit(f"unknown drafter option {opt!r} in {spec!r}")
 
     def swap() -> None:
@@ -172,8 +172,8 @@ def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
             config.jump_forward = sched.outputs.enable_jump_forward
             drafter = build_drafter(config, sched.runner, sched.outputs.tokenizer, sched.texts,
                                     sched.vocab.vocab_size, frozenset(sched.vocab.eos_token_ids))  # fmt: skip
-            if "legacy" in opts:
-                legacy = NgramDrafter(max_n=4, prefer_prompt=False, skip_structural=False)
+            if "prompt" in opts:
+                legacy = NgramDrafter(max_n=8, prefer_prompt=True, skip_structural=True)
                 if isinstance(drafter, ChainDrafter):
                     legacy.tokenizer, legacy.texts, legacy.jump_forward = drafter.tokenizer, drafter.texts, drafter.jump_forward
                     drafter.first = legacy
@@ -208,7 +208,7 @@ def _add(total: dict, r: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafters", default="none,ngram,grammar,ngram+grammar,draft_model",
-                    help="comma-separated; each may carry :k=N, :fixed, :legacy, :cost=X (see use_drafter)")
+                    help="comma-separated; each may carry :k=N, :fixed, :prompt, :cost=X (see use_drafter)")
     ap.add_argument("--workloads", default="extraction,nested,tool_call,free_text")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--whitespace", default="any,compact,pretty", help="json_whitespace modes for the JSON workloads")

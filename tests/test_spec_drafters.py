@@ -26,6 +26,11 @@ def _state(prompt: list[int], output: list[int], forced_tail: int = 0, budget: i
     return DraftState(req, budget, False, None, Texts())  # type: ignore[arg-type]
 
 
+def New(**kw) -> NgramDrafter:  # type: ignore[no-untyped-def]  # noqa: N802
+    """The drafter with issue 29's match rules on."""
+    return NgramDrafter(**{"max_n": 8, "prefer_prompt": True, "skip_structural": True, **kw})
+
+
 def _draft(drafter: NgramDrafter, state: DraftState) -> list[int]:
     drafter.extend(state)
     return state.tokens
@@ -34,14 +39,14 @@ def _draft(drafter: NgramDrafter, state: DraftState) -> list[int]:
 def test_at_equal_length_the_prompt_wins_over_the_output():
     # "Mar ia" continues with " Lopez" in the prompt and with " lives" earlier in the output.
     prompt, output = [1, 2, 3, 16, 8, 9], [1, 2, 4, 1, 2]
-    assert _draft(NgramDrafter(), _state(prompt, output)) == [3, 16, 8]
-    assert _draft(NgramDrafter(prefer_prompt=False), _state(prompt, output)) == [4, 1, 2]
+    assert _draft(New(), _state(prompt, output)) == [3, 16, 8]
+    assert _draft(New(prefer_prompt=False), _state(prompt, output)) == [4, 1, 2]
 
 
 def test_the_longest_match_wins_wherever_it_is():
     # "Mar ia" is in the prompt (-> " Lopez"), but the output has "{ Mar ia" (-> " lives").
     prompt, output = [1, 2, 3, 16, 8, 9], [13, 1, 2, 4, 15, 13, 1, 2]
-    assert _draft(NgramDrafter(), _state(prompt, output)) == [4, 15, 13]
+    assert _draft(New(), _state(prompt, output)) == [4, 15, 13]
 
 
 def test_a_structural_suffix_proposes_nothing():
@@ -49,10 +54,10 @@ def test_a_structural_suffix_proposes_nothing():
     # is the previous key's value in the output, which is structure, not evidence.
     prompt = [1, 2, 3, 16, 8, 9, 4, 16]
     output = [13, 14, 7, 1, 2, 3, 5, 6, 7, 10, 11, 12, 5, 6, 7]
-    assert _draft(NgramDrafter(), _state(prompt, output, forced_tail=2)) == []
-    assert _draft(NgramDrafter(skip_structural=False), _state(prompt, output, forced_tail=2)) == [10, 11, 12]
+    assert _draft(New(), _state(prompt, output, forced_tail=2)) == []
+    assert _draft(New(skip_structural=False), _state(prompt, output, forced_tail=2)) == [10, 11, 12]
     # Once a letter was sampled, the value is found in the document.
-    assert _draft(NgramDrafter(), _state(prompt, output + [8], forced_tail=0)) == [9, 4, 16]
+    assert _draft(New(), _state(prompt, output + [8], forced_tail=0)) == [9, 4, 16]
 
 
 def test_forced_drafted_tokens_count_as_structure():
