@@ -90,3 +90,14 @@ def test_the_cost_model_stops_drafting_on_rejections_and_tries_again_later():
     assert worker._cost_k(req) == 0
     ks = [worker._cost_k(req) for _ in range(20)]  # no drafts: the record fades to the prior
     assert ks[0] == 0 and ks[-1] > 0
+
+
+def test_verify_cost_option_is_checked():
+    import pytest
+
+    from engine.entrypoints.engine_args import EngineArgs
+
+    assert EngineArgs.from_options(speculative_verify_cost=0.15).speculative_verify_cost == 0.15
+    for bad in (-0.1, float("inf"), "0.1", True):
+        with pytest.raises(ValueError, match="speculative_verify_cost"):
+            EngineArgs.from_options(speculative_verify_cost=bad)
