@@ -6,14 +6,19 @@
                                [--whitespace any,compact,pretty] [--dtypes float32,bfloat16]
                                [--requests N] [--max-new-tokens N] [--draft-layers 8] [--threads N]
 
-Every drafter runs the same greedy requests on the same weights in one run (greedy, so outputs
+Every drafter runs the same greedy requests on the same weights in one engine per dtype, the
+speculative worker swapped between runs, interleaved request by request (chunk by chunk at
+batch 8) so that load from other processes falls on every drafter alike (greedy, so outputs
 must be identical to ``none`` of the same dtype and whitespace mode; the script checks it). For
 each dtype, workload, whitespace mode (``SamplingParams.json_whitespace``; free text has none),
 drafter and batch size: output tokens/s, the speed-up over ``none`` measured in the same run,
 output tokens per target forward (jump-forward tokens count as output), the acceptance rate
 (accepted / drafted free tokens), the mean accepted length per verification, and whether the
 outputs equal ``none``'s. Batch 1 runs the requests one after another; batch 8 submits them
-together. Not collected by pytest.
+together. A last table gives the target's mean forward time at batch 1 by the number of rows it
+ran (1: a decode step; k + 1: a verification of k drafts) relative to a decode step: the cost
+ratio speculation lives on. ``--model`` / ``--quantization`` run a GGUF file or int8 weights.
+Not collected by pytest.
 """
 
 from __future__ import annotations
@@ -114,32 +119,102 @@ def workload(name: str, engine: Engine) -> tuple[list[list[int]], list[dict]]:
     return prompts, [params] * len(prompts)
 
 
-def run(engine: Engine, prompts: list[list[int]], params: list[dict], batch: int) -> dict:
+class ForwardTimer:
+    """Wraps the target's forward: wall time per forward, by the number of token rows it ran
+    (at batch 1: 1 = a decode step, k + 1 = a verification of k drafts)."""
+
+    def __init__(self, runner) -> None:  # type: ignore[no-untyped-def]
+        self.forward = runner.forward
+        self.times: dict[int, list[float]] = {}
+        self.on = False
+        self.rows = 0  # token rows of all decode / verify forwards (timed or not)
+        runner.forward = self
+
+    def __call__(self, batch):  # type: ignore[no-untyped-def]
+        if min(batch.extend_prefix_lens_cpu) == 0:  # prefills are not decode steps
+            return self.forward(batch)
+        self.rows += batch.num_tokens
+        if not self.on:
+            return self.forward(batch)
+        start = time.perf_counter()
+        out = self.forward(batch)
+        self.times.setdefault(batch.num_tokens, []).append(time.perf_counter() - start)
+        return out
+
+
+def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
+    """Swap the scheduler's speculative worker (between requests, on its thread) for ``spec``:
+    ``none``, an algorithm (``ngram+grammar``), optionally with ``:k=N`` (draft tokens),
+    ``:prompt`` (the n-gram drafter with issue 29's match rules: longest of 8, the prompt first,
+    no structural matches; the default drafter is the one before them, ``:legacy`` names it) or ``:fixed`` (no adaptive k)."""
+    from engine.speculative.drafters import ChainDrafter, NgramDrafter
+    from engine.speculative.worker import SpeculativeConfig, SpeculativeWorker, build_drafter
+
+    algorithm, *opts = spec.split(":")
+    config = SpeculativeConfig(algorithm=algorithm, draft_num_layers=draft_layers)
+    for opt in opts:
+        if opt.startswith("k="):
+            config.num_draft_tokens = int(opt[2:])
+        elif opt == "fixed":
+            config.adaptive = False
+        elif opt.startswith("cost="):
+            config.verify_cost = float(opt[5:])
+        elif opt not in ("legacy", "prompt"):
+            raise SystemExit(f"unknown drafter option {opt!r} in {spec!r}")
+
+    def swap() -> None:
+        sched = engine.scheduler
+        if sched.spec is not None:
+            for req in list(sched.running):
+                sched.spec.release(req)
+        worker = None
+        if algorithm != "none":
+            config.jump_forward = sched.outputs.enable_jump_forward
+            drafter = build_drafter(config, sched.runner, sched.outputs.tokenizer, sched.texts,
+                                    sched.vocab.vocab_size, frozenset(sched.vocab.eos_token_ids))  # fmt: skip
+            if "prompt" in opts:
+                legacy = NgramDrafter(max_n=8, prefer_prompt=True, skip_structural=True)
+                if isinstance(drafter, ChainDrafter):
+                    legacy.tokenizer, legacy.texts, legacy.jump_forward = drafter.tokenizer, drafter.texts, drafter.jump_forward
+                    drafter.first = legacy
+                else:
+                    legacy.tokenizer, legacy.texts, legacy.jump_forward = drafter.tokenizer, drafter.texts, drafter.jump_forward
+                    drafter = legacy
+            worker = SpeculativeWorker(drafter, sched.runner.sampler, config)
+        sched.spec = sched.planner.spec = worker
+
+    engine.scheduler.call(swap)
+
+
+def run(engine: Engine, prompts: list[list[int]], params: list[dict], timer: ForwardTimer) -> dict:
     sched = engine.scheduler
-    spec_before = dict(sched.spec.stats) if sched.spec else {}
-    forwards = sched.stats["forwards"]
+    forwards, rows = sched.stats["forwards"], timer.rows
     start = time.perf_counter()
-    outs = []
-    for i in range(0, len(prompts), batch):
-        got = engine.generate(input_ids=prompts[i : i + batch], sampling_params=params[i : i + batch])
-        outs += got
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
     wall = time.perf_counter() - start
-    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    result = {"tokens": tokens, "wall": wall, "forwards": sched.stats["forwards"] - forwards, "outs": outs,
-              "jump": sum(o["meta_info"]["jump_forward_tokens"] for o in outs)}  # fmt: skip
+    result = {"tokens": sum(o["meta_info"]["completion_tokens"] for o in outs), "wall": wall,
+              "forwards": sched.stats["forwards"] - forwards, "outs": [o["output_ids"] for o in outs],
+              "jump": sum(o["meta_info"]["jump_forward_tokens"] for o in outs), "rows": timer.rows - rows}  # fmt: skip
     if sched.spec:
-        delta = {k: sched.spec.stats[k] - spec_before.get(k, 0) for k in sched.spec.stats}
-        result.update(delta)
+        result.update(sched.spec.stats)  # a fresh worker per run: its stats are this run's
     return result
+
+
+def _add(total: dict, r: dict) -> None:
+    for k, v in r.items():
+        total[k] = total.get(k, 0) + v if k != "outs" else total.get(k, []) + v
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--drafters", default="none,ngram,grammar,ngram+grammar,draft_model")
+    ap.add_argument("--drafters", default="none,ngram,grammar,ngram+grammar,draft_model",
+                    help="comma-separated; each may carry :k=N, :fixed, :prompt, :cost=X (see use_drafter)")
     ap.add_argument("--workloads", default="extraction,nested,tool_call,free_text")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--whitespace", default="any,compact,pretty", help="json_whitespace modes for the JSON workloads")
     ap.add_argument("--dtypes", "--dtype", default="float32", help="comma-separated: float32, bfloat16, float16")
+    ap.add_argument("--model", default=None, help="model path (a GGUF file or HF folder); default: the embedded SmolLM2")
+    ap.add_argument("--quantization", default=None, help="int8 / int4 at load")
     ap.add_argument("--requests", type=int, default=len(PEOPLE), help="requests per workload (at most 8)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="override each workload's limit (short runs)")
     ap.add_argument("--draft-layers", type=int, default=8)
@@ -149,38 +224,68 @@ def main() -> None:
     if drafters[0] != "none":
         drafters.insert(0, "none")  # the speed-up and identity columns need it, in the same run
     batches = [int(b) for b in args.batches.split(",")]
-    rows, reference = [], {}
+    rows, costs = [], {}
     for dtype in args.dtypes.split(","):
-        for drafter in drafters:
-            options = dict(dtype=dtype, max_total_tokens=20_000, num_threads=args.threads, speculative_algorithm=drafter)
-            if drafter.startswith("draft_model"):
-                options["speculative_draft_num_layers"] = args.draft_layers
-            with Engine(**options) as engine:
-                engine.generate("warm up", {"max_new_tokens": 2})
-                for name in args.workloads.split(","):
-                    prompts, params = workload(name, engine)
-                    prompts, params = prompts[: args.requests], params[: args.requests]
-                    if args.max_new_tokens:
-                        params = [dict(p, max_new_tokens=args.max_new_tokens) for p in params]
-                    modes = args.whitespace.split(",") if "json_schema" in params[0] else ["-"]
-                    for mode in modes:
-                        mode_params = [dict(p, json_whitespace=mode) for p in params] if mode != "-" else params
-                        for batch in batches:
-                            r = run(engine, prompts, mode_params, batch)
-                            ids = [o["output_ids"] for o in r.pop("outs")]
+        options = dict(dtype=dtype, max_total_tokens=20_000, num_threads=args.threads)
+        if args.model:
+            options["model_path"] = args.model
+        if args.quantization:
+            options["quantization"] = args.quantization
+        with Engine(**options) as engine:
+            engine.generate("warm up", {"max_new_tokens": 2})
+            timer = ForwardTimer(engine.runner)
+            for name in args.workloads.split(","):
+                prompts, params = workload(name, engine)
+                prompts, params = prompts[: args.requests], params[: args.requests]
+                if args.max_new_tokens:
+                    params = [dict(p, max_new_tokens=args.max_new_tokens) for p in params]
+                modes = args.whitespace.split(",") if "json_schema" in params[0] else ["-"]
+                for mode in modes:
+                    mode_params = [dict(p, json_whitespace=mode) for p in params] if mode != "-" else params
+                    for batch in batches:
+                        totals: dict[str, dict] = {d: {} for d in drafters}
+                        # Interleaved: every drafter runs each chunk of requests before the next
+                        # chunk, so load from other processes falls on all of them alike.
+                        for i in range(0, len(prompts), batch):
+                            for drafter in drafters:
+                                use_drafter(engine, drafter, args.draft_layers)
+                                timer.on = batch == 1
+                                r = run(engine, prompts[i : i + batch], mode_params[i : i + batch], timer)
+                                timer.on = False
+                                print(f"# {dtype} {name} {mode} b{batch} chunk {i}: {drafter} {r['tokens']} tokens "
+                                      f"in {r['wall']:.1f} s, {r['forwards']} forwards", file=sys.stderr, flush=True)  # fmt: skip
+                                _add(totals[drafter], r)
+                        reference = totals["none"].get("outs")
+                        for drafter in drafters:
+                            r = totals[drafter]
+                            same = r.pop("outs", None) == reference
                             key = (dtype, name, mode, batch)
-                            same = reference.setdefault(key, ids) == ids
                             rows.append((key, drafter, r, same))
                             print(json.dumps({"dtype": dtype, "workload": name, "whitespace": mode, "batch": batch, "drafter": drafter,
                                               "same_as_none": same, **r}), flush=True)  # fmt: skip
+            use_drafter(engine, "none", args.draft_layers)
+            costs[dtype] = timer.times
     _table(rows)
+    _cost_table(costs)
+
+
+def _cost_table(costs: dict) -> None:
+    """Mean forward time by the rows it verified, relative to a one-row decode step."""
+    print("\n| dtype | rows per forward (batch 1) | forwards | mean ms | relative to a decode step |")
+    print("|---|---:|---:|---:|---:|")
+    for dtype, times in costs.items():
+        base = sum(times[1]) / len(times[1]) if times.get(1) else None
+        for rows in sorted(times):
+            mean = sum(times[rows]) / len(times[rows])
+            rel = f"{mean / base:.2f}" if base else ""
+            print(f"| {dtype} | {rows} | {len(times[rows])} | {mean * 1000:.1f} | {rel} |")
 
 
 def _table(rows: list) -> None:
     base = {key: r for key, d, r, _ in rows if d == "none"}
     print("\n| dtype | workload | whitespace | batch | drafter | output tok/s | speed-up vs none | output tokens / forward "
-          "| acceptance rate | mean accepted per verify | jump-forward share | identical to none |")  # fmt: skip
-    print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
+          "| decode rows / output token | acceptance rate | mean accepted per verify | jump-forward share | identical to none |")  # fmt: skip
+    print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for key, drafter, r, same in rows:
         dtype, name, mode, batch = key
         tps = r["tokens"] / r["wall"]
@@ -189,7 +294,7 @@ def _table(rows: list) -> None:
         acc = f"{r['accepted'] / r['drafted']:.0%}" if r.get("drafted") else ""
         mean = f"{r['accepted'] / r['steps']:.2f}" if r.get("steps") else ""
         print(f"| {dtype} | {name} | {mode} | {batch} | {drafter} | {tps:.1f} | {speed} | {r['tokens'] / r['forwards']:.2f} "
-              f"| {acc} | {mean} | {r['jump'] / r['tokens']:.0%} | {'yes' if same else 'NO'} |")
+              f"| {r['rows'] / r['tokens']:.2f} | {acc} | {mean} | {r['jump'] / r['tokens']:.0%} | {'yes' if same else 'NO'} |")
 
 
 if __name__ == "__main__":

@@ -113,6 +113,7 @@ class Engine:
             num_draft_tokens=args.speculative_num_draft_tokens,
             draft_model_path=args.speculative_draft_model_path,
             draft_num_layers=args.speculative_draft_num_layers,
+            verify_cost=args.speculative_verify_cost,
             jump_forward=args.enable_jump_forward,
         )
         spec = build_worker(speculative, self.runner, self.tokenizer, self.texts, self.vocab)

@@ -54,6 +54,9 @@ class EngineArgs:
     speculative_num_draft_tokens: int = 4
     speculative_draft_model_path: str | None = None  # default for draft_model: the target's first layers
     speculative_draft_num_layers: int | None = None  # layers of that self-speculative draft
+    # Cost of one more verified row relative to a decode forward (bench/spec_bench.py measures
+    # it): draft lengths then maximize expected tokens per cost. None: the accept-all rule.
+    speculative_verify_cost: float | None = None
     # gc.freeze() once loaded: full collections then skip the startup heap (numba alone brings
     # 50k objects; the tokenizer, the vocabulary and the model add more), each one otherwise a
     # stall of 100 ms or more for every running request.
@@ -92,6 +95,9 @@ class EngineArgs:
             if self.reasoning_end not in (None, end):
                 raise ValueError(f"reasoning_parser {self.reasoning_parser!r} ends reasoning at {end!r}, but reasoning_end is {self.reasoning_end!r}")
             self.reasoning_end = end
+        cost = self.speculative_verify_cost
+        if cost is not None and (isinstance(cost, bool) or not isinstance(cost, (int, float)) or not 0 <= cost < float("inf")):
+            raise ValueError(f"speculative_verify_cost must be None or a number >= 0, got {cost!r}")
         if self.grammar_compile_timeout is not None and self.grammar_compile_timeout <= 0:
             raise ValueError(f"grammar_compile_timeout must be > 0, got {self.grammar_compile_timeout!r}")
 

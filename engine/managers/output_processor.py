@@ -141,11 +141,13 @@ class OutputProcessor:
             return
         req.output_ids.append(token)
         req.forced_tokens += 1
+        req.forced_tail += 1
         self.stats["forced"] += 1
 
     def _append_sampled(self, req: Req, token: int) -> None:
         self.stats["sampled"] += 1
         req.output_ids.append(token)
+        req.forced_tail = 0
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
         if not req.reasoning_done:
@@ -183,6 +185,7 @@ class OutputProcessor:
             if req.top_logprobs_num:
                 req.output_top_logprobs.extend([(0.0, t)] for t in close)
         req.forced_tokens += len(close)
+        req.forced_tail += len(close)
         self.stats["forced"] += len(close)
         req.reasoning_done = True
         req.check_finished(len(close))
@@ -202,6 +205,7 @@ class OutputProcessor:
         if accepted:
             req.output_ids.extend(ids)
             req.forced_tokens += accepted
+            req.forced_tail += accepted
             self.stats["forced"] += accepted
             req.check_finished(accepted)
 

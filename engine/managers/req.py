@@ -57,6 +57,7 @@ class Req:
     last_node: TreeNode | None = None  # radix node locked for this request's cached prefix
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache (reported)
     forced_tokens: int = 0  # output tokens appended by jump-forward, without sampling
+    forced_tail: int = 0  # how many of the last output tokens were forced (the n-gram drafter skips structural matches)
     finished_reason: FinishReason | None = None
     to_abort: str | None = None  # message of a pending abort
     abort_field: str | None = None  # the request field an admission refusal names (FinishAbort.field)
@@ -74,6 +75,7 @@ class Req:
     reported: bool = False  # the final output (with its finish reason) went to the caller
     retractions: int = 0
     spec_k: int | None = None  # this request's current draft length (adapted by speculation)
+    spec_record: tuple[float, float] = (0.0, 0.0)  # decayed (accepted, rejected) free drafts (the cost model's estimate)
     # Token ids -> text, set by the scheduler for stop-string checks.
     decode: Callable[[list[int]], str] | None = field(default=None, repr=False)
 

@@ -122,6 +122,16 @@ class DraftState:
     def sequence(self) -> list[int]:
         return self.req.fill_ids + self.tokens
 
+    def forced_tail(self) -> int:
+        """How many of the sequence's last tokens were forced (drafted forced runs, then the
+        request's own jump-forward tokens)."""
+        n = 0
+        for f in reversed(self.forced):
+            if not f:
+                return n
+            n += 1
+        return n + self.req.forced_tail
+
     def push(self, tokens: list[int]) -> int:
         """Append free tokens up to the budget, stopping at the first the grammar refuses and
         where it starts forcing text; returns how many were appended."""
@@ -172,27 +182,71 @@ class DraftState:
 
 
 class NgramDrafter(Drafter):
+    """Prompt lookup. ``max_n`` down to ``min_n``: the longest suffix of the sequence found
+    earlier wins; at one length, an occurrence whose continuation lies in the prompt (the text
+    values are copied from) wins over one in the output (``prefer_prompt``). A suffix made only
+    of structure (tokens the grammar forced, and punctuation) says nothing about what follows,
+    so with ``skip_structural`` the match must include a token with a letter or digit that was
+    not forced: after ``"city":"`` the drafter proposes nothing rather than the previous value,
+    and the first sampled character of the value finds it in the document on the next step.
+    Both rules are off by default (``bench/spec_bench.py``'s ``:prompt`` drafters turn them on,
+    with ``max_n`` 8) until a quiet-machine run shows the speed-up; see BENCHMARKS.md, issue 29."""
+
     name = "ngram"
 
-    def __init__(self, max_n: int = 4, min_n: int = 1) -> None:
+    def __init__(self, max_n: int = 4, min_n: int = 1, *, prefer_prompt: bool = False, skip_structural: bool = False) -> None:
         self.max_n, self.min_n = max_n, min_n
+        self.prefer_prompt, self.skip_structural = prefer_prompt, skip_structural
 
     def extend(self, state: DraftState) -> None:
         ids = state.sequence()
-        packed = array("I", ids).tobytes()
-        for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
-            start = _last_earlier_occurrence(packed, len(ids), n)
-            if start is not None and state.push(ids[start + n : start + n + state.room]):
+        for start in self.matches(ids, len(state.req.origin_input_ids), state):
+            if state.push(ids[start : start + state.room]):
                 return
 
+    def matches(self, ids: list[int], prompt_len: int, state: DraftState | None = None):  # type: ignore[no-untyped-def]
+        """Starts of the continuations to try, best first."""
+        packed = array("I", ids).tobytes()
+        lowest = self.min_n
+        if self.skip_structural and state is not None:
+            lowest = max(lowest, self._shortest_informative(ids, state))
+        tried = set()
+        for n in range(min(self.max_n, len(ids) - 1), lowest - 1, -1):
+            limits = ([prompt_len] if self.prefer_prompt else []) + [len(ids)]
+            for limit in limits:
+                start = _last_earlier_occurrence(packed, len(ids), n, limit)
+                if start is not None and start + n not in tried:
+                    tried.add(start + n)
+                    yield start + n
 
-def _last_earlier_occurrence(packed: bytes, length: int, n: int) -> int | None:
-    """Start (in tokens) of the last occurrence of the final ``n`` tokens that ends before the
-    final position, so at least one token follows it."""
+    def _shortest_informative(self, ids: list[int], state: DraftState) -> int:
+        """The shortest suffix length that holds a free token with a letter or digit (beyond
+        ``max_n``: none does)."""
+        texts = state.texts
+        if texts is None:
+            return self.min_n
+        tail = state.forced_tail()
+        for n in range(tail + 1, min(self.max_n, len(ids)) + 1):
+            if _informative(texts.token_bytes([ids[-n]])):
+                return n
+        return self.max_n + 1
+
+
+def _informative(text: bytes) -> bool:
+    """A letter or digit (any non-ASCII byte counts: letters of other scripts)."""
+    return any(b >= 0x80 or chr(b).isalnum() for b in text)
+
+
+def _last_earlier_occurrence(packed: bytes, length: int, n: int, limit: int | None = None) -> int | None:
+    """Start (in tokens) of the last occurrence of the final ``n`` tokens that ends before
+    token ``limit`` (default and at most: the final position), so at least one token follows
+    it."""
     width = 4
     suffix = packed[(length - n) * width :]
-    end = (length - 1) * width  # the match must end before the last token
+    end = (min(length, length if limit is None else limit) - 1) * width  # the match must end before the last token
     while True:
+        if end < len(suffix):
+            return None
         pos = packed.rfind(suffix, 0, end)
         if pos < 0:
             return None

@@ -6,7 +6,12 @@
   pipeline, with the grammar mask of each position and penalties counting the drafts before it),
   then ``verify_drafts`` per request; logprobs are the target's, reported as without speculation.
 * ``k`` adapts per request: all drafts accepted -> one more next time (up to the maximum); a
-  rejection -> the accepted length + 1.
+  rejection -> the accepted length + 1. With ``verify_cost`` set (the cost of one more verified
+  row relative to a decode forward, measured per machine and dtype: ``bench/spec_bench.py``'s
+  last table), ``k`` is instead the length that maximizes expected output tokens per unit of
+  forward cost, ``(1 + a + ... + a^k) / (1 + verify_cost * k)``, where ``a`` is the request's
+  recent per-draft acceptance (a decayed count, from a prior of ``PRIOR``); 0 when no length
+  pays, and an idle request's estimate drifts back towards the prior so it tries again.
 
 Requests that asked for hidden states, or whose reasoning section is still open, do not draft.
 """
@@ -24,6 +29,11 @@ from ..forward.forward_batch import ForwardBatch
 from .drafters import Draft, Drafter
 from .verify import verify_drafts
 
+# The cost model's acceptance prior (as pseudo-counts of accepted / rejected drafts), and how
+# much of a request's record each verification keeps (recent drafts weigh most).
+PRIOR = (1.0, 1.0)
+DECAY = 0.7
+
 
 @dataclass
 class SpeculativeConfig:
@@ -33,6 +43,7 @@ class SpeculativeConfig:
     draft_num_layers: int | None = None  # a self-speculative draft: the target's first layers
     adaptive: bool = True
     jump_forward: bool = True  # the engine's jump-forward: drafts carry forced runs, accepted unverified
+    verify_cost: float | None = None  # one more verified row / a decode forward; None: the accept-all rule
 
     @property
     def enabled(self) -> bool:
@@ -51,7 +62,10 @@ class SpeculativeWorker:
         for req in reqs:
             uncached = req.seq_len - req.kv_len
             room = min(req.remaining_tokens - 1, req.context_len - req.seq_len - 1)
-            k = req.spec_k if req.spec_k is not None else self.config.num_draft_tokens
+            if self.config.verify_cost is not None and self.config.adaptive:
+                k = self._cost_k(req)
+            else:
+                k = req.spec_k if req.spec_k is not None else self.config.num_draft_tokens
             ok = not req.return_hidden_states and (req.grammar is None or req.reasoning_done) and uncached >= 1
             budgets.append(max(0, min(k, room)) if ok else 0)
         return self.drafter.propose(reqs, budgets)
@@ -106,9 +120,27 @@ class SpeculativeWorker:
         self.stats["forced"] += forced
         if not self.config.adaptive or drafted == 0:
             return
+        good, bad = req.spec_record
+        req.spec_record = (good * DECAY + accepted, bad * DECAY + (accepted < drafted))
         top = self.config.num_draft_tokens
         current = req.spec_k if req.spec_k is not None else top
         req.spec_k = min(top, max(current, drafted) + 1) if accepted == drafted else max(1, accepted + 1)
+
+    def _cost_k(self, req: Req) -> int:
+        """The draft length with the most expected tokens per unit of forward cost."""
+        assert self.config.verify_cost is not None
+        good, bad = req.spec_record
+        rate = (good + PRIOR[0]) / (good + bad + PRIOR[0] + PRIOR[1])
+        best_k, best, gain, p = 0, 1.0, 1.0, 1.0
+        for k in range(1, self.config.num_draft_tokens + 1):
+            p *= rate
+            gain += p
+            value = gain / (1.0 + self.config.verify_cost * k)
+            if value > best:
+                best_k, best = k, value
+        if best_k == 0:  # not drafting: forget a little, so the request tries again later
+            req.spec_record = (good * DECAY, bad * DECAY)
+        return best_k
 
     def release(self, req: Req) -> None:
         self.drafter.release(req)

@@ -1,0 +1,103 @@
+"""The n-gram drafter's choice of match and the cost model's draft length (issue 29), without a
+model: a request stand-in carries the sequence, and token texts are a small table."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from engine.speculative.drafters import DraftState, NgramDrafter
+from engine.speculative.worker import SpeculativeConfig, SpeculativeWorker
+
+# Token ids -> text: letters and digits are informative, punctuation and JSON structure are not.
+TEXT = {1: b"Mar", 2: b"ia", 3: b" Lopez", 4: b" lives", 5: b'","', 6: b"city", 7: b'":"', 8: b"Mad",
+        9: b"rid", 10: b"Bar", 11: b"ce", 12: b"lona", 13: b"{", 14: b"name", 15: b"}", 16: b" in"}  # fmt: skip
+
+
+class Texts:
+    def token_bytes(self, ids: list[int]) -> bytes:
+        return b"".join(TEXT[i] for i in ids)
+
+
+def _state(prompt: list[int], output: list[int], forced_tail: int = 0, budget: int = 3) -> DraftState:
+    req = SimpleNamespace(
+        origin_input_ids=prompt, output_ids=output, fill_ids=prompt + output, forced_tail=forced_tail,
+        remaining_tokens=100, context_len=1000, seq_len=len(prompt) + len(output), grammar=None, grammar_applies=False,
+    )  # fmt: skip
+    return DraftState(req, budget, False, None, Texts())  # type: ignore[arg-type]
+
+
+def New(**kw) -> NgramDrafter:  # type: ignore[no-untyped-def]  # noqa: N802
+    """The drafter with issue 29's match rules on."""
+    return NgramDrafter(**{"max_n": 8, "prefer_prompt": True, "skip_structural": True, **kw})
+
+
+def _draft(drafter: NgramDrafter, state: DraftState) -> list[int]:
+    drafter.extend(state)
+    return state.tokens
+
+
+def test_at_equal_length_the_prompt_wins_over_the_output():
+    # "Mar ia" continues with " Lopez" in the prompt and with " lives" earlier in the output.
+    prompt, output = [1, 2, 3, 16, 8, 9], [1, 2, 4, 1, 2]
+    assert _draft(New(), _state(prompt, output)) == [3, 16, 8]
+    assert _draft(New(prefer_prompt=False), _state(prompt, output)) == [4, 1, 2]
+
+
+def test_the_longest_match_wins_wherever_it_is():
+    # "Mar ia" is in the prompt (-> " Lopez"), but the output has "{ Mar ia" (-> " lives").
+    prompt, output = [1, 2, 3, 16, 8, 9], [13, 1, 2, 4, 15, 13, 1, 2]
+    assert _draft(New(), _state(prompt, output)) == [4, 15, 13]
+
+
+def test_a_structural_suffix_proposes_nothing():
+    # The output ends with '","' (sampled) then 'city' '":"' (forced): the only earlier match
+    # is the previous key's value in the output, which is structure, not evidence.
+    prompt = [1, 2, 3, 16, 8, 9, 4, 16]
+    output = [13, 14, 7, 1, 2, 3, 5, 6, 7, 10, 11, 12, 5, 6, 7]
+    assert _draft(New(), _state(prompt, output, forced_tail=2)) == []
+    assert _draft(New(skip_structural=False), _state(prompt, output, forced_tail=2)) == [10, 11, 12]
+    # Once a letter was sampled, the value is found in the document.
+    assert _draft(New(), _state(prompt, output + [8], forced_tail=0)) == [9, 4, 16]
+
+
+def test_forced_drafted_tokens_count_as_structure():
+    state = _state([1, 2, 3], [5], forced_tail=1)
+    state.tokens, state.forced = [6, 7], [True, True]
+    assert state.forced_tail() == 3
+    state.forced = [False, True]
+    assert state.forced_tail() == 1
+
+
+def _worker(cost: float, top: int = 6) -> SpeculativeWorker:
+    return SpeculativeWorker(None, None, SpeculativeConfig(algorithm="ngram", num_draft_tokens=top, verify_cost=cost))  # type: ignore[arg-type]
+
+
+def test_the_cost_model_drafts_long_when_drafts_are_accepted_and_cheap():
+    req = SimpleNamespace(spec_record=(0.0, 0.0), spec_k=None)
+    worker = _worker(0.05)
+    assert 0 < worker._cost_k(req) < 6  # the prior: acceptance 1/2
+    for _ in range(5):
+        worker._adapt(req, 4, 4, 0)
+    assert worker._cost_k(req) == 6
+    assert _worker(2.0)._cost_k(req) == 0  # a verified row costs twice a decode: never pays
+
+
+def test_the_cost_model_stops_drafting_on_rejections_and_tries_again_later():
+    req = SimpleNamespace(spec_record=(0.0, 0.0), spec_k=None)
+    worker = _worker(0.3)
+    for _ in range(4):
+        worker._adapt(req, 3, 0, 0)
+    assert worker._cost_k(req) == 0
+    ks = [worker._cost_k(req) for _ in range(20)]  # no drafts: the record fades to the prior
+    assert ks[0] == 0 and ks[-1] > 0
+
+
+def test_verify_cost_option_is_checked():
+    import pytest
+
+    from engine.entrypoints.engine_args import EngineArgs
+
+    assert EngineArgs.from_options(speculative_verify_cost=0.15).speculative_verify_cost == 0.15
+    for bad in (-0.1, float("inf"), "0.1", True):
+        with pytest.raises(ValueError, match="speculative_verify_cost"):
+            EngineArgs.from_options(speculative_verify_cost=bad)
