@@ -100,6 +100,33 @@ def quantize_q8_0(x, xq, xd, xs):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
+def _q8_dequantized(x, lo, hi, xs, split):  # pragma: no cover - compiled
+    """``quantize_q8_0`` fused with the dequantization the loops read: each code times its block's
+    fp16 scale, into ``lo`` [M, K] (``split`` false) or, per block, elements 0-15 into ``lo`` and
+    16-31 into ``hi`` [M, K/2] (the nibble formats); ``xs`` as ``quantize_q8_0``'s."""
+    m_rows, k_dim = x.shape
+    for r in range(m_rows):
+        for b in range(k_dim // 32):
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[r, b * 32 + j]))
+            inv = np.float32(127.0) / amax if amax != 0.0 else np.float32(0.0)
+            d = round_half(amax / np.float32(127.0))
+            total = 0
+            for j in range(32):
+                q = np.rint(x[r, b * 32 + j] * inv)
+                total += np.int32(q)
+                value = np.float32(q) * d
+                if not split:
+                    lo[r, b * 32 + j] = value
+                elif j < 16:
+                    lo[r, b * 16 + j] = value
+                else:
+                    hi[r, b * 16 + j - 16] = value
+            xs[r, b] = round_half(amax / np.float32(127.0) * np.float32(total))
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
 def quantize_q8_k(x, xq, xd, xbs):  # pragma: no cover - compiled
     """Rows of ``x`` [M, K] into Q8_K: 256-element blocks scaled by -127 / (the signed value of
     largest magnitude), float32 scale ``xd`` [M, K/256], 16-element sums ``xbs`` [M, K/16]."""
@@ -437,6 +464,8 @@ class QuantizedWeight:
         """x [M, K] float -> x @ W.T [M, N] float32."""
         m_rows = x.shape[0]
         x32 = x.float().contiguous().numpy()
+        if m_rows <= MAX_QUANT_ROWS and self.type_name in BLOCK_TYPES:
+            return torch.from_numpy(self._block_product(x32))
         k_dim = self.shape[1]
         xq = np.empty((m_rows, k_dim), np.int8)
         a = self.arrays
@@ -471,17 +500,34 @@ class QuantizedWeight:
                 xsum = np.zeros((m_rows, 0), np.float32)
             _run_rows(lambda n0, n1: _mm_codes(n0, n1, a["shift"], a["q"], a["scale"], a["min"], x_deq, xsum, out), self.shape[0], macs)
             return torch.from_numpy(out)
-        halves = x_deq.reshape(m_rows, -1, 2, 16)
-        xlo = np.ascontiguousarray(halves[:, :, 0]).reshape(m_rows, -1)
-        xhi = np.ascontiguousarray(halves[:, :, 1]).reshape(m_rows, -1)
-        qs = a["qs"].reshape(a["qs"].shape[0], -1)
+        raise AssertionError(kind)  # the 32-element formats took _block_product
+
+    def _block_product(self, x32: np.ndarray) -> np.ndarray:
+        """A few activation rows times a 32-element-block matrix: the activations quantized and
+        dequantized in one compiled call (per-call Python work is a decode step's overhead)."""
+        m_rows, k_dim = x32.shape
+        n_out = self.shape[0]
+        a, kind = self.arrays, self.type_name
+        out = np.empty((m_rows, n_out), np.float32)
+        xs = np.empty((m_rows, k_dim // QK), np.float32)
+        macs = m_rows * n_out * k_dim
+        if kind == "Q8_0":
+            x_deq = np.empty((m_rows, k_dim), np.float32)
+            _q8_dequantized(x32, x_deq, x_deq, xs, False)
+            no_sums = np.zeros((m_rows, 0), np.float32)
+            _run_rows(lambda n0, n1: _mm_codes(n0, n1, 5, a["q"], a["scale"], a["min"], x_deq, no_sums, out), n_out, macs)
+            return out
+        xlo = np.empty((m_rows, k_dim // 2), np.float32)
+        xhi = np.empty_like(xlo)
+        _q8_dequantized(x32, xlo, xhi, xs, True)
+        qs = a["qs"].reshape(n_out, -1)
         if kind in ("Q4_0", "Q4_1"):
             off = np.float32(8.0 if kind == "Q4_0" else 0.0)
-            _run_rows(lambda n0, n1: _mm_q4(n0, n1, off, qs, a["d"], a["m"], xlo, xhi, xs, out), self.shape[0], macs)
+            _run_rows(lambda n0, n1: _mm_q4(n0, n1, off, qs, a["d"], a["m"], xlo, xhi, xs, out), n_out, macs)
         else:
             off = np.float32(16.0 if kind == "Q5_0" else 0.0)
-            _run_rows(lambda n0, n1: _mm_q5(n0, n1, off, qs, a["qh"], a["d"], a["m"], xlo, xhi, xs, out), self.shape[0], macs)
-        return torch.from_numpy(out)
+            _run_rows(lambda n0, n1: _mm_q5(n0, n1, off, qs, a["qh"], a["d"], a["m"], xlo, xhi, xs, out), n_out, macs)
+        return out
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.dequantize_rows(ids.cpu().numpy().astype(np.int64)))
