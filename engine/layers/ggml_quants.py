@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 import torch.nn.functional as F
+import numba
 from numba import njit
 
 MAX_QUANT_ROWS = 32  # activation rows up to which the integer dot-product loop runs
@@ -265,9 +266,7 @@ _POOL_LOCK = threading.Lock()
 
 
 def _threads() -> int:
-    import numba
-
-    return int(numba.get_num_threads())
+    return int(numba.get_num_threads())  # the engine's thread count (ModelRunner sets it)
 
 
 def _run_rows(fn, n_out: int, macs: int) -> None:  # type: ignore[no-untyped-def]
