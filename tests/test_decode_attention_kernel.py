@@ -70,12 +70,15 @@ def test_reference_matches_the_engine_attention_path() -> None:
     import numpy as np
 
     q, k, v, idx, start, n = make_case(9, 3, 64, [3, 50, 9], seed=5)
-    ref, got = torch.empty_like(q), torch.empty_like(q)
+    ref = torch.empty_like(q)
     paged_decode_attention(q, k, v, idx, start, n, ref)
-    cpu_decode_attention.kernel_for(64, 3)(
-        q.numpy(), k.view(-1, 64).numpy(), v.view(-1, 64).numpy(), idx.numpy(), start.numpy(), n.numpy(), got.numpy(), np.float32(0.125), 3
-    )
-    assert torch.allclose(ref, got, atol=1e-5)
+    kernel = cpu_decode_attention.kernel_for(64, 3)
+    for variant in (kernel, kernel.serial, kernel.parallel):  # by size / on the caller / across threads
+        got = torch.empty_like(q)
+        variant(
+            q.numpy(), k.view(-1, 64).numpy(), v.view(-1, 64).numpy(), idx.numpy(), start.numpy(), n.numpy(), got.numpy(), np.float32(0.125), 3
+        )
+        assert torch.allclose(ref, got, atol=1e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -164,3 +164,72 @@ def test_stacked_and_reordered_weights():
     torch.testing.assert_close(fused.matmul(x), torch.cat([a.matmul(x), a.matmul(x)], dim=1))
     order = np.array([3, 1, 2, 0, 7, 6, 5, 4])
     torch.testing.assert_close(a.take_rows(order).matmul(x), a.matmul(x)[:, order])
+
+
+# --- rows split across threads (``_run_rows``), any shape ------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _format_product(type_name: str, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The 32-element formats' dot product in float64 from integer block sums: for each block,
+    d_w * d_x * sum(weight code * activation code) (+ m_w * s_x, Q8_1's fp16 block sum)."""
+    n = raw.shape[0]
+    k = x.shape[1]
+    xq, xd, xs = _ref_q8_0(x)
+    w = gguf.quants.dequantize(raw, T[type_name]).astype(np.float64).reshape(n, k // 32, 32)
+    blocks = raw.reshape(n, k // 32, -1)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64) if type_name in ("Q4_1", "Q5_1") else 0.0
+    codes = np.rint((w - (m[..., None] if type_name in ("Q4_1", "Q5_1") else 0.0)) / np.where(d == 0, 1, d)[..., None])
+    isum = np.einsum("nbj,rbj->rnb", codes, xq.reshape(x.shape[0], k // 32, 32).astype(np.float64))
+    out = (isum * d[None] * xd.astype(np.float64)[:, None, :]).sum(-1)
+    if type_name in ("Q4_1", "Q5_1"):
+        out += (m[None] * xs.astype(np.float64)[:, None, :]).sum(-1)
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    type_name=st.sampled_from(gq.BLOCK_TYPES),
+    n=st.integers(1, 70),
+    blocks=st.integers(1, 6),
+    rows=st.integers(1, 5),
+    split=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_block_products_equal_integer_block_sums(two_threads, type_name, n, blocks, rows, split, seed):
+    rng = np.random.default_rng(seed)
+    k = 32 * blocks
+    raw = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), T[type_name])
+    x = (rng.standard_normal((rows, k)) * rng.uniform(0.1, 10)).astype(np.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gq, "PARALLEL_MIN_MACS", 0 if split else 1 << 62)
+        got = gq.QuantizedWeight.from_gguf(type_name, raw, (n, k)).matmul(torch.from_numpy(x)).numpy()
+    expected = _format_product(type_name, raw, x)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * max(1.0, np.abs(expected).max()))
+
+
+@pytest.fixture(scope="module")
+def two_threads():
+    import numba
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))  # a split needs a second thread
+    yield
+    numba.set_num_threads(threads)
+
+
+def test_split_rows_equal_one_call_and_raise_errors(monkeypatch):
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(gq, "_threads", lambda: 2)
+    gq._run_rows(lambda a, b: calls.append((a, b)), 100, 1 << 30)
+    assert sorted(calls)[0][0] == 0 and sum(b - a for a, b in calls) == 100 and len(calls) > 1
+    assert all(b == c for (_, b), (c, _) in zip(sorted(calls), sorted(calls)[1:])), "chunks tile the rows"
+
+    def fail(a, b):
+        raise ValueError("chunk failed")
+
+    with pytest.raises(ValueError, match="chunk failed"):
+        gq._run_rows(fail, 100, 1 << 30)

@@ -21,18 +21,28 @@ Beyond ``MAX_QUANT_ROWS`` rows (long prefills) the weight is dequantized to floa
 by the same quantized activations (as floats) in torch's GEMM, whose blocking wins there; a row
 gets the same numbers whichever path its batch takes, up to float summation order.
 
-Output rows are split across numba's threads (``prange``) and every loop releases the GIL.
+Every loop releases the GIL; a product of at least ``PARALLEL_MIN_MACS`` multiply-adds has its
+output rows split across threads that take chunks from one counter (``_run_rows``).
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 import torch.nn.functional as F
-from numba import njit, prange
+import numba
+from numba import njit
 
 MAX_QUANT_ROWS = 32  # activation rows up to which the integer dot-product loop runs
-_ROWS_PER_TASK = 16  # output rows per parallel task
+# From this many multiply-adds (activation rows x N x K) a product is split across threads
+# (``_run_rows``); below it the calling thread does it alone (handing a 576 x 576 GEMV to another
+# thread costs about what the GEMV costs).
+PARALLEL_MIN_MACS = int(os.environ.get("FORMCAST_GGML_PARALLEL_MACS", 1024 * 1024))
 QK = 32
 QK_K = 256
 
@@ -91,6 +101,33 @@ def quantize_q8_0(x, xq, xd, xs):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
+def _q8_dequantized(x, lo, hi, xs, split):  # pragma: no cover - compiled
+    """``quantize_q8_0`` fused with the dequantization the loops read: each code times its block's
+    fp16 scale, into ``lo`` [M, K] (``split`` false) or, per block, elements 0-15 into ``lo`` and
+    16-31 into ``hi`` [M, K/2] (the nibble formats); ``xs`` as ``quantize_q8_0``'s."""
+    m_rows, k_dim = x.shape
+    for r in range(m_rows):
+        for b in range(k_dim // 32):
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[r, b * 32 + j]))
+            inv = np.float32(127.0) / amax if amax != 0.0 else np.float32(0.0)
+            d = round_half(amax / np.float32(127.0))
+            total = 0
+            for j in range(32):
+                q = np.rint(x[r, b * 32 + j] * inv)
+                total += np.int32(q)
+                value = np.float32(q) * d
+                if not split:
+                    lo[r, b * 32 + j] = value
+                elif j < 16:
+                    lo[r, b * 16 + j] = value
+                else:
+                    hi[r, b * 16 + j - 16] = value
+            xs[r, b] = round_half(amax / np.float32(127.0) * np.float32(total))
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
 def quantize_q8_k(x, xq, xd, xbs):  # pragma: no cover - compiled
     """Rows of ``x`` [M, K] into Q8_K: 256-element blocks scaled by -127 / (the signed value of
     largest magnitude), float32 scale ``xd`` [M, K/256], 16-element sums ``xbs`` [M, K/16]."""
@@ -132,75 +169,135 @@ def quantize_q8_k(x, xq, xd, xbs):  # pragma: no cover - compiled
 # two halves per block (``xlo``: elements 0-15, ``xhi``: 16-31), matching each byte's two nibbles.
 
 
-@njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
-def _mm_q4(off, qs, wd, wm, xlo, xhi, xs, out):  # pragma: no cover - compiled
-    """Q4_0 (``off`` 8, ``wm`` zero) and Q4_1 (``off`` 0); ``qs`` [N, K/2] bytes."""
-    n_out, nb = wd.shape
+@njit(fastmath=True, nogil=True, cache=True, boundscheck=False)
+def _mm_q4(n0, n1, off, qs, wd, wm, xlo, xhi, xs, out):  # pragma: no cover - compiled
+    """Output rows [n0, n1) of Q4_0 (``off`` 8, ``wm`` zero) and Q4_1 (``off`` 0); ``qs`` [N, K/2] bytes."""
+    nb = wd.shape[1]
     m_rows, half = xlo.shape
     has_min = wm.shape[1] > 0
-    for task in prange((n_out + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK):
-        for n in range(task * _ROWS_PER_TASK, min(n_out, task * _ROWS_PER_TASK + _ROWS_PER_TASK)):
-            for r in range(m_rows):
-                acc = np.float32(0.0)
-                for i in range(half):
-                    v = np.int32(qs[n, i])
-                    acc += ((np.float32(v & 15) - off) * xlo[r, i] + (np.float32(v >> 4) - off) * xhi[r, i]) * wd[n, i >> 4]
-                if has_min:
-                    for b in range(nb):
-                        acc += wm[n, b] * xs[r, b]
-                out[r, n] = acc
+    for n in range(n0, n1):
+        for r in range(m_rows):
+            acc = np.float32(0.0)
+            for i in range(half):
+                v = np.int32(qs[n, i])
+                acc += ((np.float32(v & 15) - off) * xlo[r, i] + (np.float32(v >> 4) - off) * xhi[r, i]) * wd[n, i >> 4]
+            if has_min:
+                for b in range(nb):
+                    acc += wm[n, b] * xs[r, b]
+            out[r, n] = acc
 
 
-@njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
-def _mm_q5(off, qs, qh, wd, wm, xlo, xhi, xs, out):  # pragma: no cover - compiled
-    """Q5_0 (``off`` 16, ``wm`` zero) and Q5_1 (``off`` 0): each code's fifth bit from ``qh``
-    (bit j for element j, bit j + 16 for element j + 16)."""
-    n_out, nb = wd.shape
+@njit(fastmath=True, nogil=True, cache=True, boundscheck=False)
+def _mm_q5(n0, n1, off, qs, qh, wd, wm, xlo, xhi, xs, out):  # pragma: no cover - compiled
+    """Output rows [n0, n1) of Q5_0 (``off`` 16, ``wm`` zero) and Q5_1 (``off`` 0): each code's
+    fifth bit from ``qh`` (bit j for element j, bit j + 16 for element j + 16)."""
+    nb = wd.shape[1]
     m_rows, half = xlo.shape
     has_min = wm.shape[1] > 0
-    for task in prange((n_out + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK):
-        for n in range(task * _ROWS_PER_TASK, min(n_out, task * _ROWS_PER_TASK + _ROWS_PER_TASK)):
-            for r in range(m_rows):
-                acc = np.float32(0.0)
-                for i in range(half):
-                    v = np.uint32(qs[n, i])
-                    h = qh[n, i >> 4]
-                    j = np.uint32(i & 15)
-                    lo = (v & np.uint32(15)) | (((h >> j) & np.uint32(1)) << np.uint32(4))
-                    hi = (v >> np.uint32(4)) | (((h >> (j + np.uint32(16))) & np.uint32(1)) << np.uint32(4))
-                    acc += ((np.float32(lo) - off) * xlo[r, i] + (np.float32(hi) - off) * xhi[r, i]) * wd[n, i >> 4]
-                if has_min:
-                    for b in range(nb):
-                        acc += wm[n, b] * xs[r, b]
-                out[r, n] = acc
+    for n in range(n0, n1):
+        for r in range(m_rows):
+            acc = np.float32(0.0)
+            for i in range(half):
+                v = np.uint32(qs[n, i])
+                h = qh[n, i >> 4]
+                j = np.uint32(i & 15)
+                lo = (v & np.uint32(15)) | (((h >> j) & np.uint32(1)) << np.uint32(4))
+                hi = (v >> np.uint32(4)) | (((h >> (j + np.uint32(16))) & np.uint32(1)) << np.uint32(4))
+                acc += ((np.float32(lo) - off) * xlo[r, i] + (np.float32(hi) - off) * xhi[r, i]) * wd[n, i >> 4]
+            if has_min:
+                for b in range(nb):
+                    acc += wm[n, b] * xs[r, b]
+            out[r, n] = acc
 
 
-@njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
-def _mm_codes(shift, q, scale, mins, x, xsum, out):  # pragma: no cover - compiled
-    """Q8_0 (``shift`` 5, no minimum) and the K-quants, whose codes are kept as int8 [N, K]:
-    code * scale of its (1 << shift)-element sub-block * x, minus each sub-block's minimum times
-    the activation's sum over that sub-block (``xsum``)."""
-    n_out, k_dim = q.shape
+@njit(fastmath=True, nogil=True, cache=True, boundscheck=False)
+def _mm_codes(n0, n1, shift, q, scale, mins, x, xsum, out):  # pragma: no cover - compiled
+    """Output rows [n0, n1) of Q8_0 (``shift`` 5, no minimum) and the K-quants, whose codes are
+    kept as int8 [N, K]: code * scale of its (1 << shift)-element sub-block * x, minus each
+    sub-block's minimum times the activation's sum over that sub-block (``xsum``)."""
+    k_dim = q.shape[1]
     m_rows = x.shape[0]
     groups = mins.shape[1]
-    for task in prange((n_out + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK):
-        for n in range(task * _ROWS_PER_TASK, min(n_out, task * _ROWS_PER_TASK + _ROWS_PER_TASK)):
-            for r in range(m_rows):
-                acc = np.float32(0.0)
-                for k in range(k_dim):
-                    acc += np.float32(q[n, k]) * scale[n, k >> shift] * x[r, k]
-                for g in range(groups):
-                    acc -= mins[n, g] * xsum[r, g]
-                out[r, n] = acc
+    for n in range(n0, n1):
+        for r in range(m_rows):
+            acc = np.float32(0.0)
+            for k in range(k_dim):
+                acc += np.float32(q[n, k]) * scale[n, k >> shift] * x[r, k]
+            for g in range(groups):
+                acc -= mins[n, g] * xsum[r, g]
+            out[r, n] = acc
+
+
+# --------------------------------------------------------------------------- splitting rows across threads
+# The loops release the GIL and each call covers a range of output rows, so a product is split
+# into chunks that the calling thread and ``threads - 1`` pool threads take from one counter: a
+# thread the OS schedules late finds the chunks taken and returns, and the caller never waits for
+# a thread that has not started. numba's ``prange`` instead waits at a barrier for every thread;
+# on a loaded 2-core machine one launch measured 8-20 ms, against 0.1-0.5 ms for a decode GEMV.
+
+
+class _Chunks:
+    def __init__(self, fn, n_out: int, chunk: int) -> None:  # type: ignore[no-untyped-def]
+        self.fn, self.n_out, self.chunk = fn, n_out, chunk
+        self.count = (n_out + chunk - 1) // chunk
+        self.next = itertools.count()
+        self.left = self.count
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def work(self) -> None:
+        while True:
+            i = next(self.next)  # atomic under the GIL
+            if i >= self.count:
+                return
+            try:
+                self.fn(i * self.chunk, min(self.n_out, (i + 1) * self.chunk))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                self.error = exc
+            with self.lock:
+                self.left -= 1
+                if self.left == 0:
+                    self.done.set()
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _threads() -> int:
+    return int(numba.get_num_threads())  # the engine's thread count (ModelRunner sets it)
+
+
+def _run_rows(fn, n_out: int, macs: int) -> None:  # type: ignore[no-untyped-def]
+    """``fn(n0, n1)`` over the output rows [0, n_out), split across threads when it pays."""
+    threads = _threads()
+    if threads <= 1 or macs < PARALLEL_MIN_MACS:
+        fn(0, n_out)
+        return
+    pieces = max(2 * threads, min(16, macs // (512 * 1024)))
+    chunk = max(16, -(-n_out // pieces))
+    job = _Chunks(fn, n_out, chunk)
+    global _POOL
+    if _POOL is None:
+        with _POOL_LOCK:
+            if _POOL is None:
+                _POOL = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1), thread_name_prefix="ggml")
+    for _ in range(min(threads - 1, job.count - 1)):
+        _POOL.submit(job.work)
+    job.work()
+    job.done.wait()
+    if job.error is not None:
+        raise job.error
 
 
 # --------------------------------------------------------------------------- dequantization
 
 
-@njit(parallel=True, nogil=True, cache=True, boundscheck=False)
-def _dequant_nibbles(kind, qs, qh, wd, wm, rows, out):  # pragma: no cover - compiled
+@njit(nogil=True, cache=True, boundscheck=False)
+def _dequant_nibbles(i0, i1, kind, qs, qh, wd, wm, rows, out):  # pragma: no cover - compiled
     nb = wd.shape[1]
-    for i in prange(rows.shape[0]):
+    for i in range(i0, i1):
         n = rows[i]
         for b in range(nb):
             d = wd[n, b]
@@ -224,11 +321,11 @@ def _dequant_nibbles(kind, qs, qh, wd, wm, rows, out):  # pragma: no cover - com
                     out[i, b * 32 + j + 16] = np.float32(hi) * d + m
 
 
-@njit(parallel=True, nogil=True, cache=True, boundscheck=False)
-def _dequant_codes(shift, q, scale, mins, rows, out):  # pragma: no cover - compiled
+@njit(nogil=True, cache=True, boundscheck=False)
+def _dequant_codes(i0, i1, shift, q, scale, mins, rows, out):  # pragma: no cover - compiled
     k_dim = q.shape[1]
     has_min = mins.shape[1] > 0
-    for i in prange(rows.shape[0]):
+    for i in range(i0, i1):
         n = rows[i]
         for e in range(k_dim):
             value = scale[n, e >> shift] * np.float32(q[n, e])
@@ -352,9 +449,11 @@ class QuantizedWeight:
         out = np.empty((rows.shape[0], self.shape[1]), np.float32)
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         if "q" in a:
-            _dequant_codes(a["shift"], a["q"], a["scale"], a["min"], rows, out)
+            fn = lambda i0, i1: _dequant_codes(i0, i1, a["shift"], a["q"], a["scale"], a["min"], rows, out)  # noqa: E731
         else:
-            _dequant_nibbles(BLOCK_TYPES.index(self.type_name), a["qs"], a["qh"], a["d"], a["m"], rows, out)
+            kind = BLOCK_TYPES.index(self.type_name)
+            fn = lambda i0, i1: _dequant_nibbles(i0, i1, kind, a["qs"], a["qh"], a["d"], a["m"], rows, out)  # noqa: E731
+        _run_rows(fn, rows.shape[0], out.size)
         return out
 
     def dequantize(self) -> torch.Tensor:
@@ -364,6 +463,8 @@ class QuantizedWeight:
         """x [M, K] float -> x @ W.T [M, N] float32."""
         m_rows = x.shape[0]
         x32 = x.float().contiguous().numpy()
+        if m_rows <= MAX_QUANT_ROWS and self.type_name in BLOCK_TYPES:
+            return torch.from_numpy(self._block_product(x32))
         k_dim = self.shape[1]
         xq = np.empty((m_rows, k_dim), np.int8)
         a = self.arrays
@@ -386,6 +487,7 @@ class QuantizedWeight:
                 out_t += torch.from_numpy(xs - exact) @ torch.from_numpy(a["m"]).T
             return out_t
         out = np.empty((m_rows, self.shape[0]), np.float32)
+        macs = m_rows * self.shape[0] * k_dim
         kind = self.type_name
         if "q" in a:
             if kind in K_TYPES and a["min"].shape[1]:
@@ -395,17 +497,36 @@ class QuantizedWeight:
                 xsum = sums * np.repeat(xd, sums.shape[1] // xd.shape[1], axis=1)
             else:
                 xsum = np.zeros((m_rows, 0), np.float32)
-            _mm_codes(a["shift"], a["q"], a["scale"], a["min"], x_deq, xsum, out)
+            _run_rows(lambda n0, n1: _mm_codes(n0, n1, a["shift"], a["q"], a["scale"], a["min"], x_deq, xsum, out), self.shape[0], macs)
             return torch.from_numpy(out)
-        halves = x_deq.reshape(m_rows, -1, 2, 16)
-        xlo = np.ascontiguousarray(halves[:, :, 0]).reshape(m_rows, -1)
-        xhi = np.ascontiguousarray(halves[:, :, 1]).reshape(m_rows, -1)
-        qs = a["qs"].reshape(a["qs"].shape[0], -1)
+        raise AssertionError(kind)  # the 32-element formats took _block_product
+
+    def _block_product(self, x32: np.ndarray) -> np.ndarray:
+        """A few activation rows times a 32-element-block matrix: the activations quantized and
+        dequantized in one compiled call (per-call Python work is a decode step's overhead)."""
+        m_rows, k_dim = x32.shape
+        n_out = self.shape[0]
+        a, kind = self.arrays, self.type_name
+        out = np.empty((m_rows, n_out), np.float32)
+        xs = np.empty((m_rows, k_dim // QK), np.float32)
+        macs = m_rows * n_out * k_dim
+        if kind == "Q8_0":
+            x_deq = np.empty((m_rows, k_dim), np.float32)
+            _q8_dequantized(x32, x_deq, x_deq, xs, False)
+            no_sums = np.zeros((m_rows, 0), np.float32)
+            _run_rows(lambda n0, n1: _mm_codes(n0, n1, 5, a["q"], a["scale"], a["min"], x_deq, no_sums, out), n_out, macs)
+            return out
+        xlo = np.empty((m_rows, k_dim // 2), np.float32)
+        xhi = np.empty_like(xlo)
+        _q8_dequantized(x32, xlo, xhi, xs, True)
+        qs = a["qs"].reshape(n_out, -1)
         if kind in ("Q4_0", "Q4_1"):
-            _mm_q4(np.float32(8.0 if kind == "Q4_0" else 0.0), qs, a["d"], a["m"], xlo, xhi, xs, out)
+            off = np.float32(8.0 if kind == "Q4_0" else 0.0)
+            _run_rows(lambda n0, n1: _mm_q4(n0, n1, off, qs, a["d"], a["m"], xlo, xhi, xs, out), n_out, macs)
         else:
-            _mm_q5(np.float32(16.0 if kind == "Q5_0" else 0.0), qs, a["qh"], a["d"], a["m"], xlo, xhi, xs, out)
-        return torch.from_numpy(out)
+            off = np.float32(16.0 if kind == "Q5_0" else 0.0)
+            _run_rows(lambda n0, n1: _mm_q5(n0, n1, off, qs, a["qh"], a["d"], a["m"], xlo, xhi, xs, out), n_out, macs)
+        return out
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.dequantize_rows(ids.cpu().numpy().astype(np.int64)))
