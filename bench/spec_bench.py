@@ -249,6 +249,10 @@ def main() -> None:
                         for i in range(0, len(prompts), batch):
                             for drafter in drafters:
                                 use_drafter(engine, drafter, args.draft_layers)
+                                # Every drafter prefills the prompts from an empty prefix cache: a
+                                # cached prefix changes how the prompt's last rows are computed
+                                # (a chunk of another size), which alone can flip a bfloat16 argmax.
+                                engine.flush_cache()
                                 timer.on = batch == 1
                                 r = run(engine, prompts[i : i + batch], mode_params[i : i + batch], timer)
                                 timer.on = False

@@ -70,15 +70,32 @@ def test_reference_matches_the_engine_attention_path() -> None:
     import numpy as np
 
     q, k, v, idx, start, n = make_case(9, 3, 64, [3, 50, 9], seed=5)
-    ref = torch.empty_like(q)
+    ref, got = torch.empty_like(q), torch.empty_like(q)
     paged_decode_attention(q, k, v, idx, start, n, ref)
+    cpu_decode_attention.kernel_for(64, 3)(
+        q.numpy(), k.view(-1, 64).numpy(), v.view(-1, 64).numpy(), idx.numpy(), start.numpy(), n.numpy(), got.numpy(), np.float32(0.125), 3
+    )
+    assert torch.allclose(ref, got, atol=1e-5)
+
+
+def test_engine_kernel_rows_do_not_depend_on_their_batch() -> None:
+    """Batch invariance, bit for bit: a row's output alone equals its output beside much longer
+    rows (a speculative verification scores k+1 rows where plain decoding scores one; any
+    per-call choice of code path by the batch's size breaks greedy identity in bfloat16)."""
+    import numpy as np
+
+    from engine.layers import cpu_decode_attention
+
     kernel = cpu_decode_attention.kernel_for(64, 3)
-    for variant in (kernel, kernel.serial, kernel.parallel):  # by size / on the caller / across threads
-        got = torch.empty_like(q)
-        variant(
-            q.numpy(), k.view(-1, 64).numpy(), v.view(-1, 64).numpy(), idx.numpy(), start.numpy(), n.numpy(), got.numpy(), np.float32(0.125), 3
-        )
-        assert torch.allclose(ref, got, atol=1e-5)
+    q, k, v, idx, start, n = make_case(9, 3, 64, [3, 2000, 1500, 7], seed=11)
+    k_rows, v_rows, scale = k.view(-1, 64).numpy(), v.view(-1, 64).numpy(), np.float32(0.125)
+    together = torch.empty_like(q)
+    kernel(q.numpy(), k_rows, v_rows, idx.numpy(), start.numpy(), n.numpy(), together.numpy(), scale, 3)
+    for b in (0, 3):
+        alone = torch.empty_like(q[b : b + 1])
+        kernel(q[b : b + 1].numpy().copy(), k_rows, v_rows, idx.numpy(), start[b : b + 1].numpy().copy(),
+               n[b : b + 1].numpy().copy(), alone.numpy(), scale, 3)
+        assert torch.equal(alone[0], together[b]), f"row {b}"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

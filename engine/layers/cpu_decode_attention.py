@@ -5,8 +5,7 @@ For each (request, KV head, chunk of up to ``LANES`` query heads sharing that KV
 computes the scores of its queries against the request's keys (located through the request's
 slot list), a softmax per head, and the weighted sum of values. The query heads are carried in
 named accumulators so that one read of a key row serves all of them and the inner loops over
-``head_dim`` vectorize. Tasks run in parallel across numba's threads (past ``PARALLEL_MIN_MACS``;
-below it on the calling thread)
+``head_dim`` vectorize. Tasks run in parallel across numba's threads
 and release the GIL, so the grammar's mask worker runs meanwhile.
 
 Measured on the 2-core box (BENCHMARKS.md, ModelRunner section): against gathering K/V with
@@ -42,6 +41,7 @@ def _build(dim: int, lanes: int, bf16: bool, f16_probs: bool = False):  # type: 
     fold away, and a bfloat16 row is widened to float32 (the top half of its bits) in a small
     buffer as it is read, so the cache is read at half the bytes."""
 
+    @njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
     def paged_decode_attention(q, k_rows, v_rows, kv_index, kv_start, kv_len, out, scale, num_kv_heads):  # pragma: no cover - compiled
         """q [B, H, D] float32; k_rows / v_rows [slots * num_kv_heads, D] (the pool of one layer,
         float32, or bfloat16 bits as uint16);
@@ -127,36 +127,7 @@ def _build(dim: int, lanes: int, bf16: bool, f16_probs: bool = False):  # type: 
                 for d in range(dim):
                     out[b, first + i, d] = o[i, d] * inv
 
-    return _Kernel(paged_decode_attention)
-
-
-# Below this many multiply-adds (query heads x keys x head_dim, scores and values) the kernel
-# runs on the calling thread: a parallel launch waits for every pool thread, which on a loaded
-# 2-core machine took 4-20 ms, against tens of microseconds for a batch-1 step over a short context.
-PARALLEL_MIN_MACS = 1 << 20
-
-
-class _Kernel:
-    """The kernel compiled twice (numba's threads / the calling thread), picked per call by size."""
-
-    def __init__(self, fn) -> None:  # type: ignore[no-untyped-def]
-        import types
-
-        options = {"fastmath": True, "nogil": True, "cache": True, "boundscheck": False}
-        # numba's disk cache does not key on ``parallel``: the serial copy gets a name of its own
-        serial = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__, fn.__closure__)
-        serial.__qualname__ = fn.__qualname__ + "_serial"
-        self.parallel = njit(parallel=True, **options)(fn)
-        self.serial = njit(parallel=False, **options)(serial)
-
-    @property
-    def signatures(self) -> list:  # type: ignore[type-arg]
-        return list(self.serial.signatures) + list(self.parallel.signatures)
-
-    def __call__(self, q, k_rows, v_rows, kv_index, kv_start, kv_len, out, scale, num_kv_heads):  # type: ignore[no-untyped-def]
-        macs = 2 * q.shape[1] * q.shape[2] * int(kv_len.sum())
-        kernel = self.parallel if macs >= PARALLEL_MIN_MACS else self.serial
-        kernel(q, k_rows, v_rows, kv_index, kv_start, kv_len, out, scale, num_kv_heads)
+    return paged_decode_attention
 
 
 if njit is not None:

@@ -34,9 +34,9 @@ def warm_up(weight_dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int,
         q = np.zeros((1, heads, head_dim), np.float32)
         rows = np.zeros((2 * kv_heads, head_dim), np.uint16 if bf16 else np.float32)
         one = np.ones(1, np.int64)
-        kernel = cpu_decode_attention.kernel_for(head_dim, heads // kv_heads, bf16)
-        for variant in (kernel.serial, kernel.parallel):  # short contexts / long ones
-            variant(q, rows, rows, np.zeros(1, np.int64), np.zeros(1, np.int64), one, np.empty_like(q), np.float32(head_dim**-0.5), kv_heads)
+        cpu_decode_attention.kernel_for(head_dim, heads // kv_heads, bf16)(
+            q, rows, rows, np.zeros(1, np.int64), np.zeros(1, np.int64), one, np.empty_like(q), np.float32(head_dim**-0.5), kv_heads
+        )
 
 
 def warm_up_quantized(model: torch.nn.Module) -> None:
