@@ -38,6 +38,15 @@ def _act_mul(gate, up, ACT: tl.constexpr):
 
 
 @triton.jit
+def _block_tile(pair_ptr, num_pairs, width, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's block: its pairs (padding rows are not ``live``) and its output columns."""
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(pair_ptr + m).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return pair, pair < num_pairs, n, n < width
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, w_ptr, out_ptr, pair_ptr, block_expert_ptr, num_pairs, hidden, inter, top_k,
     stride_xt, stride_we, stride_wn, stride_ot,
@@ -47,12 +56,8 @@ def _gate_up_kernel(
     expert = tl.load(block_expert_ptr + blk).to(tl.int64)
     if expert < 0:
         return
-    m = blk * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(pair_ptr + m).to(tl.int64)
-    live = pair < num_pairs
+    pair, live, n, nmask = _block_tile(pair_ptr, num_pairs, inter, BLOCK_M, BLOCK_N)
     token = pair // top_k
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < inter
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     w_base = w_ptr + expert * stride_we
@@ -85,11 +90,7 @@ def _down_kernel(
     expert = tl.load(block_expert_ptr + blk).to(tl.int64)
     if expert < 0:
         return
-    m = blk * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(pair_ptr + m).to(tl.int64)
-    live = pair < num_pairs
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < hidden
+    pair, live, n, nmask = _block_tile(pair_ptr, num_pairs, hidden, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     w_base = w_ptr + expert * stride_we
     for k0 in range(0, inter, BLOCK_K):

@@ -79,6 +79,15 @@ def round_half(x):  # pragma: no cover - compiled
     return np.array([bits], dtype=np.uint32).view(np.float32)[0]
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _block_amax(x, r, b):  # pragma: no cover - compiled
+    """The largest magnitude of row ``r``'s 32-element block ``b`` (Q8_0 / Q8_1's scale is it / 127)."""
+    amax = np.float32(0.0)
+    for j in range(32):
+        amax = max(amax, abs(x[r, b * 32 + j]))
+    return amax
+
+
 @njit(nogil=True, cache=True, boundscheck=False)
 def quantize_q8_0(x, xq, xd, xs):  # pragma: no cover - compiled
     """Rows of ``x`` [M, K] into 32-element blocks: codes ``xq`` [M, K] int8, fp16-rounded scales
@@ -86,9 +95,7 @@ def quantize_q8_0(x, xq, xd, xs):  # pragma: no cover - compiled
     m_rows, k_dim = x.shape
     for r in range(m_rows):
         for b in range(k_dim // 32):
-            amax = np.float32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[r, b * 32 + j]))
+            amax = _block_amax(x, r, b)
             d = amax / np.float32(127.0)
             inv = np.float32(127.0) / amax if amax != 0.0 else np.float32(0.0)
             total = 0
@@ -108,9 +115,7 @@ def _q8_dequantized(x, lo, hi, xs, split):  # pragma: no cover - compiled
     m_rows, k_dim = x.shape
     for r in range(m_rows):
         for b in range(k_dim // 32):
-            amax = np.float32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[r, b * 32 + j]))
+            amax = _block_amax(x, r, b)
             inv = np.float32(127.0) / amax if amax != 0.0 else np.float32(0.0)
             d = round_half(amax / np.float32(127.0))
             total = 0
