@@ -235,6 +235,19 @@ class OpenAIServing:
         )
         return EngineRun(self, choices, stream, arrival)
 
+    async def respond(self, prep: Any, prompts: list[list[int]], stream: bool, arrival: float) -> Any:
+        """Run a prepared request (``prep.params``, one choice set per prompt) to its response:
+        the whole body, or (``stream``) an SSE stream; the endpoint's ``complete`` / ``stream``
+        render it."""
+        await self.check_constraint(prep.params)
+        run = await self.submit(self.expand(prompts, prep.params), arrival)
+        if stream:
+            return EventStream(self.stream(prep, run), run)
+        try:
+            return await self.complete(prep, run)
+        finally:
+            run.close()
+
     def observe(self, choice: Choice, chunk: dict, arrival: float) -> None:
         now = time.monotonic()
         meta = chunk["meta_info"]

@@ -96,15 +96,7 @@ class OpenAIServingChat(OpenAIServing):
         # Templating and tokenizing a large request take long: off the event loop, so they never
         # stall other clients' streams (or /health).
         prep = await asyncio.to_thread(self.prepare, request)
-        await self.check_constraint(prep.params)
-        choices = self.expand([prep.prompt_ids], prep.params)
-        run = await self.submit(choices, arrival)
-        if request.stream:
-            return EventStream(self.stream(prep, run), run)
-        try:
-            return await self.complete(prep, run)
-        finally:
-            run.close()
+        return await self.respond(prep, [prep.prompt_ids], request.stream, arrival)
 
     # ------------------------------------------------------------------ request -> prompt + params
     def prepare(self, request: ChatCompletionRequest) -> PreparedChat:

@@ -40,15 +40,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def create(self, request: CompletionRequest, arrival: float) -> CompletionResponse | EventStream:
         prep = await asyncio.to_thread(self.prepare, request)  # tokenizing: off the event loop
-        await self.check_constraint(prep.params)
-        choices = self.expand(prep.prompt_ids, prep.params)
-        run = await self.submit(choices, arrival)
-        if request.stream:
-            return EventStream(self.stream(prep, run), run)
-        try:
-            return await self.complete(prep, run)
-        finally:
-            run.close()
+        return await self.respond(prep, prep.prompt_ids, request.stream, arrival)
 
     def prepare(self, request: CompletionRequest) -> PreparedCompletion:
         self.check_model(request.model)
