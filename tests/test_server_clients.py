@@ -44,15 +44,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def base_url(tmp_path_factory):
+def _serve(tmp_path_factory, *extra: str):
+    """``formcast serve`` on a free port with ``extra`` options; yields its /v1 base URL."""
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO))
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     log = open(log_path, "w")  # a file, not a pipe: a full pipe would block the server's logging
     proc = subprocess.Popen(
         [sys.executable, "-m", "engine", "serve", "--port", str(port), "--dtype", "float32", "--max-total-tokens", "6000",
-         "--num-threads", "1", "--no-access-log", "--log-level", "warning"],
+         "--num-threads", "1", "--no-access-log", "--log-level", "warning", *extra],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -71,6 +71,19 @@ def base_url(tmp_path_factory):
         proc.wait(60)
         log.close()
         print(log_path.read_text()[-5000:])  # shown with -s or on failure: the server's side
+
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory):
+    yield from _serve(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def reasoning_url(tmp_path_factory):
+    # SmolLM2 does not think, but with a reasoning parser everything before "</think>" is its
+    # reasoning: a thinking budget makes the engine close the block, and the constraint (a
+    # response_format, a forced tool) applies from there on, as with Qwen3 or DeepSeek-R1.
+    yield from _serve(tmp_path_factory, "--reasoning-parser", "qwen3")
 
 
 # --- LangChain --------------------------------------------------------------------------------
@@ -102,6 +115,19 @@ def test_langchain_bind_tools_forced_and_auto(base_url):
         streamed = chunk if streamed is None else streamed + chunk
     assert streamed.tool_calls and streamed.tool_calls[0]["name"] == "Weather"
     Weather.model_validate(streamed.tool_calls[0]["args"])
+
+
+def test_langchain_auto_tools_streamed_equal_the_whole_answer(base_url):
+    llm = _langchain(base_url, max_tokens=40).bind_tools([Weather])  # tool_choice auto
+    whole = llm.invoke("What is the weather in Paris?")
+    streamed = None
+    for chunk in llm.stream("What is the weather in Paris?"):
+        streamed = chunk if streamed is None else streamed + chunk
+    # Greedy: the streamed deltas add up to the same text and the same calls, valid ones.
+    assert streamed.content == whole.content
+    assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [(c["name"], c["args"]) for c in whole.tool_calls]
+    for call in streamed.tool_calls:
+        Weather.model_validate(call["args"])
 
 
 def test_langchain_multi_turn_tool_result(base_url):
@@ -180,3 +206,37 @@ def test_openai_agents_sdk_output_type(base_url):
         return run.final_output
 
     assert isinstance(asyncio.run(streamed()), Person)
+
+
+# --- reasoning (a thinking budget, then the constraint) ---------------------------------------
+
+BUDGET = {"max_reasoning_tokens": 4}
+
+
+def test_reasoning_then_structured_output_through_langchain(reasoning_url):
+    llm = _langchain(reasoning_url, max_tokens=60, extra_body=BUDGET)
+    person = llm.with_structured_output(Person, method="json_schema").invoke("Invent a person.")
+    assert isinstance(person, Person)
+    call = llm.bind_tools([Weather], tool_choice="Weather").invoke("What is the weather in Paris?")
+    assert call.tool_calls and call.tool_calls[0]["name"] == "Weather"
+    Weather.model_validate(call.tool_calls[0]["args"])
+
+
+def test_reasoning_content_apart_from_the_answer_streamed_or_not(reasoning_url):
+    import openai
+
+    client = openai.OpenAI(base_url=reasoning_url, api_key="unused", max_retries=0, timeout=300)
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "Invent a person."}], max_tokens=60, temperature=0,
+               response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": Person.model_json_schema()}},
+               extra_body=BUDGET)  # fmt: skip
+    whole = client.chat.completions.create(**ask)
+    message = whole.choices[0].message
+    thought = (message.model_extra or {}).get("reasoning_content")
+    assert thought and "</think>" not in message.content and whole.choices[0].finish_reason == "stop"
+    Person.model_validate_json(message.content)
+    thoughts, answer = "", ""
+    for chunk in client.chat.completions.create(**ask, stream=True):
+        for choice in chunk.choices:
+            thoughts += (choice.delta.model_extra or {}).get("reasoning_content") or ""
+            answer += choice.delta.content or ""
+    assert (thoughts, answer) == (thought, message.content)
