@@ -11,43 +11,29 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .paged_rows import PagedRows
+
 
 def paged_decode_attention(
-    q: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    kv_index: torch.Tensor,
-    kv_start: torch.Tensor,
-    kv_len: torch.Tensor,
-    out: torch.Tensor,
-    scale: float | None = None,
-    max_len: int | None = None,
-) -> None:
-    """q / out [B, H, D]; k_buffer / v_buffer [slots, KVH, D]; row ``b`` attends to slots
-    ``kv_index[kv_start[b] : kv_start[b] + kv_len[b]]``. Writes ``out`` in place. ``max_len``
-    (the longest row), when the caller knows it, spares the kernel a device read."""
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, rows: PagedRows, out: torch.Tensor, scale: float | None = None,
+) -> None:  # fmt: skip
+    """q / out [B, H, D]; k_buffer / v_buffer [slots, KVH, D]; ``rows`` says which slots each row
+    of q attends to. Writes ``out`` in place."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if q.device.type == "cuda":
         from .decode_attention_triton import paged_decode_attention_triton
 
-        paged_decode_attention_triton(q, k_buffer, v_buffer, kv_index, kv_start, kv_len, out, scale, max_len=max_len)
+        paged_decode_attention_triton(q, k_buffer, v_buffer, rows, out, scale)
         return
-    paged_decode_attention_reference(q, k_buffer, v_buffer, kv_index, kv_start, kv_len, out, scale)
+    paged_decode_attention_reference(q, k_buffer, v_buffer, rows, out, scale)
 
 
 def paged_decode_attention_reference(
-    q: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    kv_index: torch.Tensor,
-    kv_start: torch.Tensor,
-    kv_len: torch.Tensor,
-    out: torch.Tensor,
-    scale: float,
-) -> None:
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, rows: PagedRows, out: torch.Tensor, scale: float,
+) -> None:  # fmt: skip
     for b in range(q.shape[0]):
-        start, n = int(kv_start[b]), int(kv_len[b])
-        slots = kv_index[start : start + n]
+        start, n = int(rows.kv_start[b]), int(rows.kv_len[b])
+        slots = rows.kv_index[start : start + n]
         k = k_buffer.index_select(0, slots).transpose(0, 1).unsqueeze(0)
         v = v_buffer.index_select(0, slots).transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(q[b][None, :, None, :], k, v, scale=scale, enable_gqa=True)

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .paged_rows import PagedRows
+
 BLOCK_N = 32
 
 
@@ -84,27 +86,17 @@ MIN_SPLIT = 256
 
 
 def paged_decode_attention_triton(
-    q: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    kv_index: torch.Tensor,
-    kv_start: torch.Tensor,
-    kv_len: torch.Tensor,
-    out: torch.Tensor,
-    scale: float,
-    max_len: int | None = None,
-    split_size: int | None = None,
-    use_dot: bool | None = None,
-) -> None:
-    """q / out [B, H, D]; k_buffer / v_buffer [slots, KVH, D] (one layer of the pool); row ``b``
-    attends to slots ``kv_index[kv_start[b] : kv_start[b] + kv_len[b]]`` (every row >= 1 slot).
-    ``max_len``: the longest row (read from ``kv_len`` if not given); ``split_size``: tokens per
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, rows: PagedRows, out: torch.Tensor, scale: float,
+    split_size: int | None = None, use_dot: bool | None = None,
+) -> None:  # fmt: skip
+    """q / out [B, H, D]; k_buffer / v_buffer [slots, KVH, D] (one layer of the pool); ``rows``:
+    which slots each row of q attends to (every row >= 1 slot); ``split_size``: tokens per
     program (default: chosen from the batch's size so about ``TARGET_PROGRAMS`` programs run)."""
     batch, heads, dim = q.shape
     kv_heads = k_buffer.shape[1]
     group = heads // kv_heads
     assert k_buffer.stride(2) == 1 and q.stride(2) == 1, "head_dim must be contiguous"
-    longest = int(kv_len.max()) if max_len is None else max_len
+    longest = rows.longest()
     if split_size is None:
         wanted = max(1, TARGET_PROGRAMS // (batch * kv_heads))
         split_size = max(MIN_SPLIT, triton.cdiv(triton.cdiv(longest, wanted), BLOCK_N) * BLOCK_N)
@@ -117,7 +109,7 @@ def paged_decode_attention_triton(
     m = torch.empty((batch, heads, splits), dtype=torch.float32, device=q.device)
     total = torch.empty_like(m)
     _paged_decode_kernel[(batch, kv_heads, splits)](
-        q, k_buffer, v_buffer, acc, m, total, kv_index, kv_start, kv_len, scale,
+        q, k_buffer, v_buffer, acc, m, total, rows.kv_index, rows.kv_start, rows.kv_len, scale,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), splits, split_size,
         GROUP=group, GROUP_P=group_p, DIM=dim, DIM_P=max(16, triton.next_power_of_2(dim)), BLOCK_N=BLOCK_N, USE_DOT=use_dot,
     )  # fmt: skip

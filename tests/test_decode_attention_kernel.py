@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import paged_decode_attention
+from kernels import PagedRows, paged_decode_attention
 from kernels.decode_attention import paged_decode_attention_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +37,7 @@ _SCRIPT = """
 import json, os, sys
 sys.path.insert(0, os.environ["FORMCAST_ROOT"]); sys.path.insert(0, os.environ["FORMCAST_ROOT"] + "/tests")
 import torch
+from kernels import PagedRows
 from kernels.decode_attention_triton import paged_decode_attention_triton
 from kernels.decode_attention import paged_decode_attention_reference
 from test_decode_attention_kernel import make_case
@@ -44,10 +45,10 @@ ok = []
 for i, (heads, kv_heads, dim, lens) in enumerate(json.loads(sys.argv[1])):
     q, k, v, idx, start, n = make_case(heads, kv_heads, dim, lens, seed=i)
     b = torch.empty_like(q)
-    paged_decode_attention_reference(q, k, v, idx, start, n, b, dim ** -0.5)
+    paged_decode_attention_reference(q, k, v, PagedRows(idx, start, n), b, dim ** -0.5)
     for split, dot in ((None, False), (32, False), (None, True)):  # one split / 32-token splits / tl.dot
         a = torch.empty_like(q)
-        paged_decode_attention_triton(q, k, v, idx, start, n, a, dim ** -0.5, split_size=split, use_dot=dot)
+        paged_decode_attention_triton(q, k, v, PagedRows(idx, start, n), a, dim ** -0.5, split_size=split, use_dot=dot)
         ok.append(bool(torch.allclose(a, b, atol=1e-5)))
 print(json.dumps(ok))
 """
@@ -71,7 +72,7 @@ def test_reference_matches_the_engine_attention_path() -> None:
 
     q, k, v, idx, start, n = make_case(9, 3, 64, [3, 50, 9], seed=5)
     ref, got = torch.empty_like(q), torch.empty_like(q)
-    paged_decode_attention(q, k, v, idx, start, n, ref)
+    paged_decode_attention(q, k, v, PagedRows(idx, start, n), ref)
     cpu_decode_attention.kernel_for(64, 3)(
         q.numpy(), k.view(-1, 64).numpy(), v.view(-1, 64).numpy(), idx.numpy(), start.numpy(), n.numpy(), got.numpy(), np.float32(0.125), 3
     )
@@ -105,10 +106,10 @@ def test_triton_kernel_on_gpu(dtype) -> None:
         q, k, v, idx, start, n = make_case(heads, kv_heads, dim, lens, seed=i, device="cuda")
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         ref = torch.empty_like(q, dtype=torch.float32)
-        paged_decode_attention_reference(q.float(), k.float(), v.float(), idx, start, n, ref, dim**-0.5)
+        paged_decode_attention_reference(q.float(), k.float(), v.float(), PagedRows(idx, start, n), ref, dim**-0.5)
         for split in (None, 32):
             got = torch.empty_like(q)
             from kernels.decode_attention_triton import paged_decode_attention_triton
 
-            paged_decode_attention_triton(q, k, v, idx, start, n, got, dim**-0.5, split_size=split)  # dot on bf16
+            paged_decode_attention_triton(q, k, v, PagedRows(idx, start, n), got, dim**-0.5, split_size=split)  # dot on bf16
             assert torch.allclose(got.float(), ref, atol=1e-5 if dtype == torch.float32 else 3e-2)

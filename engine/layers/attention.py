@@ -58,7 +58,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels import paged_decode_attention
+from kernels import PagedRows, paged_decode_attention
 
 from . import cpu_decode_attention
 
@@ -311,7 +311,7 @@ class TorchAttention:
         if pd.kernel == "triton":
             if scale is not None:  # the kernel scales by dim ** -0.5: fold the difference into q
                 qd = qd * (scale * dim**0.5)
-            paged_decode_attention(qd, k_buf, v_buf, pd.kv_index, pd.kv_start, pd.kv_len, od, max_len=pd.max_len)
+            paged_decode_attention(qd, k_buf, v_buf, PagedRows(pd.kv_index, pd.kv_start, pd.kv_len, pd.max_len), od)
         else:
             bf16 = k_buf.dtype == torch.bfloat16
             rows = (lambda t: t.view(-1, dim).view(torch.uint16)) if bf16 else (lambda t: t.view(-1, dim))  # noqa: E731
