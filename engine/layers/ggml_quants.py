@@ -174,31 +174,34 @@ def quantize_q8_k(x, xq, xd, xbs):  # pragma: no cover - compiled
 # two halves per block (``xlo``: elements 0-15, ``xhi``: 16-31), matching each byte's two nibbles.
 
 
+# Inlined into each caller (compiled with its flags, so its sums round as an inline loop would).
+@njit(fastmath=True, boundscheck=False, inline="always")
+def _plus_minimums(acc, wm, xs, n, r):  # pragma: no cover - compiled
+    """acc plus the formats' minimum terms of output row n and activation row r (none: ``wm``
+    has zero columns for the formats without a minimum)."""
+    for b in range(wm.shape[1]):
+        acc += wm[n, b] * xs[r, b]
+    return acc
+
+
 @njit(fastmath=True, nogil=True, cache=True, boundscheck=False)
 def _mm_q4(n0, n1, off, qs, wd, wm, xlo, xhi, xs, out):  # pragma: no cover - compiled
     """Output rows [n0, n1) of Q4_0 (``off`` 8, ``wm`` zero) and Q4_1 (``off`` 0); ``qs`` [N, K/2] bytes."""
-    nb = wd.shape[1]
     m_rows, half = xlo.shape
-    has_min = wm.shape[1] > 0
     for n in range(n0, n1):
         for r in range(m_rows):
             acc = np.float32(0.0)
             for i in range(half):
                 v = np.int32(qs[n, i])
                 acc += ((np.float32(v & 15) - off) * xlo[r, i] + (np.float32(v >> 4) - off) * xhi[r, i]) * wd[n, i >> 4]
-            if has_min:
-                for b in range(nb):
-                    acc += wm[n, b] * xs[r, b]
-            out[r, n] = acc
+            out[r, n] = _plus_minimums(acc, wm, xs, n, r)
 
 
 @njit(fastmath=True, nogil=True, cache=True, boundscheck=False)
 def _mm_q5(n0, n1, off, qs, qh, wd, wm, xlo, xhi, xs, out):  # pragma: no cover - compiled
     """Output rows [n0, n1) of Q5_0 (``off`` 16, ``wm`` zero) and Q5_1 (``off`` 0): each code's
     fifth bit from ``qh`` (bit j for element j, bit j + 16 for element j + 16)."""
-    nb = wd.shape[1]
     m_rows, half = xlo.shape
-    has_min = wm.shape[1] > 0
     for n in range(n0, n1):
         for r in range(m_rows):
             acc = np.float32(0.0)
@@ -209,10 +212,7 @@ def _mm_q5(n0, n1, off, qs, qh, wd, wm, xlo, xhi, xs, out):  # pragma: no cover 
                 lo = (v & np.uint32(15)) | (((h >> j) & np.uint32(1)) << np.uint32(4))
                 hi = (v >> np.uint32(4)) | (((h >> (j + np.uint32(16))) & np.uint32(1)) << np.uint32(4))
                 acc += ((np.float32(lo) - off) * xlo[r, i] + (np.float32(hi) - off) * xhi[r, i]) * wd[n, i >> 4]
-            if has_min:
-                for b in range(nb):
-                    acc += wm[n, b] * xs[r, b]
-            out[r, n] = acc
+            out[r, n] = _plus_minimums(acc, wm, xs, n, r)
 
 
 @njit(fastmath=True, nogil=True, cache=True, boundscheck=False)
