@@ -101,35 +101,12 @@ def _mix(key):  # pragma: no cover
 # Growth allocates without initializing and fills only the new tail where a fill value means
 # something: a fill of the whole new array would touch (page-fault) every page of it at once,
 # tens of milliseconds inside one mask for an automaton of 100k configurations.
+# One compiled version per element type (int8, int32, int64, bool): the fill is always an int64.
 @njit(cache=True, nogil=True)
-def _grow_int32(a, need, fill):  # pragma: no cover
-    new = np.empty(max(need, 2 * a.shape[0]), dtype=np.int32)
+def _grow(a, need, fill):  # pragma: no cover
+    new = np.empty(max(need, 2 * a.shape[0]), dtype=a.dtype)
     new[: a.shape[0]] = a
     new[a.shape[0]:] = fill
-    return new
-
-
-@njit(cache=True, nogil=True)
-def _grow_int64(a, need, fill):  # pragma: no cover
-    new = np.empty(max(need, 2 * a.shape[0]), dtype=np.int64)
-    new[: a.shape[0]] = a
-    new[a.shape[0]:] = fill
-    return new
-
-
-@njit(cache=True, nogil=True)
-def _grow_int8(a, need):  # pragma: no cover
-    new = np.empty(max(need, 2 * a.shape[0]), dtype=np.int8)
-    new[: a.shape[0]] = a
-    new[a.shape[0]:] = 0
-    return new
-
-
-@njit(cache=True, nogil=True)
-def _grow_bool(a, need):  # pragma: no cover
-    new = np.empty(max(need, 2 * a.shape[0]), dtype=np.bool_)
-    new[: a.shape[0]] = a
-    new[a.shape[0]:] = False
     return new
 
 
@@ -177,7 +154,7 @@ def _sort_unique(buf, n):  # pragma: no cover
 def _push(buf, n, x):  # pragma: no cover
     """Append x to buf[:n], growing it; returns the (possibly new) buffer."""
     if n == buf.shape[0]:
-        buf = _grow_int32(buf, n + 1, 0)
+        buf = _grow(buf, n + 1, I64(0))
     buf[n] = x
     return buf
 
@@ -271,23 +248,29 @@ def _move_entries(keys, vals, old_keys, old_vals, moved, count):  # pragma: no c
 
 
 @njit(cache=True, nogil=True)
-def _advance_move(keys, vals, old_keys, old_vals, moved, count):  # pragma: no cover
-    """One step of a move under way, after an insert: (old keys, old values, moved), the old
-    table dropped at the end."""
-    moved = _move_entries(keys, vals, old_keys, old_vals, moved, count)
-    if moved == old_vals.shape[0]:
-        return np.zeros(1, np.int64), np.full(1, -1, np.int32), 0
+def _store(keys, vals, h, key, val, old_keys, old_vals, moved):  # pragma: no cover
+    """Insert (key, val) at the free slot h, then one step of a move under way: (old keys, old
+    values, moved), the old table dropped at the end of its move."""
+    keys[h] = key
+    vals[h] = val
+    if old_vals.shape[0] > 1:
+        moved = _move_entries(keys, vals, old_keys, old_vals, moved, I64(_MOVE_PER_INSERT))
+        if moved == old_vals.shape[0]:
+            return np.zeros(1, np.int64), np.full(1, -1, np.int32), I64(0)
     return old_keys, old_vals, moved
 
 
 @njit(cache=True, nogil=True)
-def _begin_move(keys, vals, old_keys, old_vals, moved):  # pragma: no cover
-    """Double a map: (new keys, new values, old keys, old values, moved). A move still under way
-    (which the rate of _MOVE_PER_INSERT prevents) is finished first."""
+def _make_room(keys, vals, n, old_keys, old_vals, moved):  # pragma: no cover
+    """Before an insert into a map of n entries: (keys, values, old keys, old values, moved),
+    doubled if one more entry would fill half of it. A move still under way (which the rate of
+    _MOVE_PER_INSERT prevents) is finished first."""
+    if 2 * (n + 1) <= keys.shape[0]:
+        return keys, vals, old_keys, old_vals, moved
     if old_vals.shape[0] > 1:
         _move_entries(keys, vals, old_keys, old_vals, moved, old_vals.shape[0])
     cap = 2 * keys.shape[0]
-    return np.zeros(cap, np.int64), np.full(cap, -1, np.int32), keys, vals, 0
+    return np.zeros(cap, np.int64), np.full(cap, -1, np.int32), keys, vals, I64(0)
 
 
 @njit(cache=True, nogil=True)
@@ -305,9 +288,8 @@ def _find_node(keys, vals, key):  # pragma: no cover
 @njit(cache=True, nogil=True)
 def intern_node(c, q, ps):  # pragma: no cover
     """Id of stack node (NFA state q, parent set ps); ERR_DEPTH past the depth budget."""
-    if 2 * (c.nmap_n + 1) > c.nmap_keys.shape[0]:
-        c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _begin_move(
-            c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved)
+    c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _make_room(
+        c.nmap_keys, c.nmap_vals, c.nmap_n, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved)
     key = (np.int64(q) << 32) | np.int64(ps)
     found, h = _find_node(c.nmap_keys, c.nmap_vals, key)
     if found >= 0:
@@ -321,23 +303,20 @@ def intern_node(c, q, ps):  # pragma: no cover
         return ERR_DEPTH
     nid = c.n_nodes
     if nid == c.node_q.shape[0]:
-        c.node_q = _grow_int32(c.node_q, nid + 1, 0)
-        c.node_ps = _grow_int32(c.node_ps, nid + 1, 0)
-        c.node_depth = _grow_int32(c.node_depth, nid + 1, 0)
-        c.clo_start = _grow_int64(c.clo_start, nid + 1, I64(-1))
-        c.clo_len = _grow_int32(c.clo_len, nid + 1, 0)
-        c.clo_flags = _grow_int8(c.clo_flags, nid + 1)
-        c.mark = _grow_int32(c.mark, nid + 1, 0)
+        c.node_q = _grow(c.node_q, nid + 1, I64(0))
+        c.node_ps = _grow(c.node_ps, nid + 1, I64(0))
+        c.node_depth = _grow(c.node_depth, nid + 1, I64(0))
+        c.clo_start = _grow(c.clo_start, nid + 1, I64(-1))
+        c.clo_len = _grow(c.clo_len, nid + 1, I64(0))
+        c.clo_flags = _grow(c.clo_flags, nid + 1, I64(0))
+        c.mark = _grow(c.mark, nid + 1, I64(0))
     c.node_q[nid] = q
     c.node_ps[nid] = ps
     c.node_depth[nid] = depth
     c.n_nodes = nid + 1
-    c.nmap_keys[h] = key
-    c.nmap_vals[h] = nid
+    c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _store(
+        c.nmap_keys, c.nmap_vals, h, key, nid, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved)
     c.nmap_n += 1
-    if c.nmap_old_vals.shape[0] > 1:
-        c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _advance_move(
-            c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved, I64(_MOVE_PER_INSERT))
     return nid
 
 
@@ -367,9 +346,8 @@ def _find_run(keys, vals, key, pool, starts, lens, buf, n):  # pragma: no cover
 @njit(cache=True, nogil=True)
 def intern_parents(c, buf, n):  # pragma: no cover
     """Id of the parent set buf[:n] (sorted, distinct)."""
-    if 2 * (c.psmap_n + 1) > c.psmap_keys.shape[0]:
-        c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _begin_move(
-            c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved)
+    c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _make_room(
+        c.psmap_keys, c.psmap_vals, c.psmap_n, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved)
     key = _hash_run(buf, n, I64(0))
     found, h = _find_run(c.psmap_keys, c.psmap_vals, key, c.ps_pool, c.ps_start, c.ps_len, buf, n)
     if found >= 0:
@@ -380,9 +358,9 @@ def intern_parents(c, buf, n):  # pragma: no cover
             return found
     ps = c.n_ps
     if ps == c.ps_start.shape[0]:
-        c.ps_start = _grow_int64(c.ps_start, ps + 1, I64(0))
-        c.ps_len = _grow_int32(c.ps_len, ps + 1, 0)
-        c.ps_depth = _grow_int32(c.ps_depth, ps + 1, 0)
+        c.ps_start = _grow(c.ps_start, ps + 1, I64(0))
+        c.ps_len = _grow(c.ps_len, ps + 1, I64(0))
+        c.ps_depth = _grow(c.ps_depth, ps + 1, I64(0))
     if c.ps_pool_n + n > c.ps_pool.shape[0]:
         c.ps_pool = _grow_pool(c.ps_pool, c.ps_pool_n + n)
     depth = 0
@@ -395,21 +373,17 @@ def intern_parents(c, buf, n):  # pragma: no cover
     c.ps_depth[ps] = depth
     c.ps_pool_n += n
     c.n_ps = ps + 1
-    c.psmap_keys[h] = key
-    c.psmap_vals[h] = ps
+    c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _store(
+        c.psmap_keys, c.psmap_vals, h, key, ps, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved)
     c.psmap_n += 1
-    if c.psmap_old_vals.shape[0] > 1:
-        c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _advance_move(
-            c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved, I64(_MOVE_PER_INSERT))
     return ps
 
 
 @njit(cache=True, nogil=True)
 def intern_config(c, buf, n, flags):  # pragma: no cover
     """Id of the configuration with kernel buf[:n] (sorted) and flags; ERR_STATES past budget."""
-    if 2 * (c.cmap_n + 1) > c.cmap_keys.shape[0]:
-        c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _begin_move(
-            c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved)
+    c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _make_room(
+        c.cmap_keys, c.cmap_vals, c.cmap_n, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved)
     key = _hash_run(buf, n, flags)
     found, h = _find_config(c, c.cmap_keys, c.cmap_vals, key, buf, n, flags)
     if found >= 0:
@@ -422,11 +396,11 @@ def intern_config(c, buf, n, flags):  # pragma: no cover
     if cid >= c.max_states:
         return ERR_STATES
     if cid == c.cfg_start.shape[0]:
-        c.cfg_start = _grow_int64(c.cfg_start, cid + 1, I64(0))
-        c.cfg_len = _grow_int32(c.cfg_len, cid + 1, 0)
-        c.accepting = _grow_bool(c.accepting, cid + 1)
-        c.exits = _grow_bool(c.exits, cid + 1)
-        c.row_done = _grow_bool(c.row_done, cid + 1)
+        c.cfg_start = _grow(c.cfg_start, cid + 1, I64(0))
+        c.cfg_len = _grow(c.cfg_len, cid + 1, I64(0))
+        c.accepting = _grow(c.accepting, cid + 1, I64(0))
+        c.exits = _grow(c.exits, cid + 1, I64(0))
+        c.row_done = _grow(c.row_done, cid + 1, I64(0))
     if cid == c.table.shape[0]:
         c.table = _grow_table(c.table, cid, c.max_states)
     c.table[cid, :] = UNEXPANDED  # rows are initialized one by one, as configurations appear
@@ -441,12 +415,9 @@ def intern_config(c, buf, n, flags):  # pragma: no cover
     c.exits[cid] = (flags & EXITS) != 0
     c.cfg_pool_n += n
     c.n_cfg = cid + 1
-    c.cmap_keys[h] = key
-    c.cmap_vals[h] = cid
+    c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _store(
+        c.cmap_keys, c.cmap_vals, h, key, cid, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved)
     c.cmap_n += 1
-    if c.cmap_old_vals.shape[0] > 1:
-        c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _advance_move(
-            c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved, I64(_MOVE_PER_INSERT))
     return cid
 
 

@@ -258,7 +258,10 @@ print(json.dumps({"fingerprints": out, "signatures": jit_warmup.compiled_signatu
 """
 
 # Kernels allowed more than one compiled version, each with its reason (none today).
-SIGNATURE_ALLOWLIST: dict[str, str] = {}
+# Kernels allowed more than one compiled version, with how many at most. The determinizer's one
+# generic growth: a version per element type (int8, int32, int64, bool), as many as the four typed
+# copies it replaced.
+SIGNATURE_ALLOWLIST: dict[str, int] = {"determinizer._grow": 4}
 
 
 @pytest.mark.slow
@@ -282,7 +285,7 @@ def test_an_empty_numba_cache_gives_the_same_results_and_compiles_each_kernel_on
     assert cold["fingerprints"] == {c.digest: plain[c] for c in CONSTRAINTS}
     signatures = cold["signatures"]
     assert sum(1 for sigs in signatures.values() if sigs) >= 30, "the census sees the kernels compiled"
-    again = {name: sigs for name, sigs in signatures.items() if len(sigs) > 1 and name not in SIGNATURE_ALLOWLIST}
+    again = {name: sigs for name, sigs in signatures.items() if len(sigs) > SIGNATURE_ALLOWLIST.get(name, 1)}
     assert not again, "kernels compiled more than once (pass int64 / C-contiguous arrays): " + json.dumps(again, indent=1)[:4000]
 
 
