@@ -112,19 +112,27 @@ def qwen2_vocab(qwen2_tokenizer):
     return TokenVocabulary.from_tokenizer(qwen2_tokenizer)
 
 
+@pytest.fixture(scope="session")
+def _smollm2_model_once():
+    """The transformers model, loaded once per process (each xdist worker is one) and shared by
+    every file that uses ``smollm2_model``: the tests only run it (``eval``, no grad), never
+    change its weights or config."""
+    from engine.hf.model_files import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer()
+    return model
+
+
 @pytest.fixture(scope="module")
-def smollm2_model():
+def smollm2_model(_smollm2_model_once):
     """The embedded SmolLM2-135M-Instruct (fp32), run on one torch thread: a 135M model gains
     nothing from a second thread at these batch sizes, and on a busy 2-core machine two threads
     oversubscribe badly (measured 10x slower under load)."""
     import torch
 
-    from engine.hf.model_files import load_model_and_tokenizer
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    model, _ = load_model_and_tokenizer()
-    yield model
+    yield _smollm2_model_once
     torch.set_num_threads(threads)
 
 

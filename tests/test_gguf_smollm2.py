@@ -6,9 +6,16 @@ weights by activations quantized to Q8_1 blocks (Q8_0 for the Q8_0 token embeddi
 head), as llama.cpp does; dequantizing to float instead agreed on 9 of 16. What separates the two
 is then float rounding outside the products (llama.cpp's float16 attention, its RoPE angles),
 which those 8-bit blocks amplify: see BENCHMARKS.md, issue 24. Needs ``llama_cpp`` (CI has it).
+
+While that known failure stands the test is an xfail that is not strict: its outcome can never fail
+the suite, yet it cost a minute of both models' decoding per run. So it runs only on request
+(``FORMCAST_RUN_XFAIL=1``, e.g. when working on the agreement); whoever fixes the agreement drops
+the xfail, and with it this opt-in (issue 23, item 6).
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -69,7 +76,7 @@ def llama_cpp_greedy(llama_cpp, path, prompts: list[list[int]], tokens: int, **o
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="measured 6/16, then 5/16 with the Q4_1 long-prefill fix and FORMCAST_GGML_NUMERICS=1: the harness is right (prompt "
+@pytest.mark.xfail(strict=False, run=os.environ.get("FORMCAST_RUN_XFAIL") == "1", reason="measured 6/16, then 5/16 with the Q4_1 long-prefill fix and FORMCAST_GGML_NUMERICS=1: the harness is right (prompt "
                    "tokens and the first greedy token equal llama.cpp's, each Q4_1 / Q8_0 product bit-equal on equal inputs); "
                    "float rounding in attention and RoPE, amplified by the activations' 8-bit blocks, is what remains")
 def test_smollm2_q4_1_greedy_matches_llama_cpp():
