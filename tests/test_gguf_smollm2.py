@@ -1,21 +1,15 @@
 """The embedded SmolLM2-135M-Instruct run straight from its Q4_1 GGUF, against llama.cpp on the same file.
 
 Greedy continuations of 16 chat prompts, 32 tokens each (or up to ``<|im_end|>``), fed the same
-token ids: at least 14 of the 16 must be token-identical to llama.cpp's. formcast multiplies Q4_1
+token ids: issue 24 wants at least 14 of the 16 token-identical to llama.cpp's (an expected failure
+today: 8 of 16); the test fails below the agreement llama.cpp has with itself. formcast multiplies Q4_1
 weights by activations quantized to Q8_1 blocks (Q8_0 for the Q8_0 token embedding used as the
 head), as llama.cpp does; dequantizing to float instead agreed on 9 of 16. What separates the two
 is then float rounding outside the products (llama.cpp's float16 attention, its RoPE angles),
 which those 8-bit blocks amplify: see BENCHMARKS.md, issue 24. Needs ``llama_cpp`` (CI has it).
-
-While that known failure stands the test is an xfail that is not strict: its outcome can never fail
-the suite, yet it cost a minute of both models' decoding per run. So it runs only on request
-(``FORMCAST_RUN_XFAIL=1``, e.g. when working on the agreement); whoever fixes the agreement drops
-the xfail, and with it this opt-in (issue 23, item 6).
 """
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import pytest
@@ -75,10 +69,15 @@ def llama_cpp_greedy(llama_cpp, path, prompts: list[list[int]], tokens: int, **o
     return outputs
 
 
+# llama.cpp's own variants agree with its defaults on 5 (flash attention) to 8 (the prompt fed one
+# token at a time) of these 16 prompts (bench/gguf_agreement.py): greedy continuations of a 4-bit
+# 135M model turn on logit gaps of thousandths. Below that floor formcast's products are broken
+# (a wrong scale or minimum term agrees on none); issue 24's 14/16 stays an expected failure.
+AGREEMENT_FLOOR = 5
+AGREEMENT_TARGET = 14
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, run=os.environ.get("FORMCAST_RUN_XFAIL") == "1", reason="measured 6/16, then 5/16 with the Q4_1 long-prefill fix and FORMCAST_GGML_NUMERICS=1: the harness is right (prompt "
-                   "tokens and the first greedy token equal llama.cpp's, each Q4_1 / Q8_0 product bit-equal on equal inputs); "
-                   "float rounding in attention and RoPE, amplified by the activations' 8-bit blocks, is what remains")
 def test_smollm2_q4_1_greedy_matches_llama_cpp():
     llama_cpp = require_optional("llama_cpp")
     from engine.hf.model_files import gguf_path
@@ -91,4 +90,6 @@ def test_smollm2_q4_1_greedy_matches_llama_cpp():
     theirs = llama_cpp_greedy(llama_cpp, path, prompts, NEW_TOKENS, n_batch=512, n_threads=2)
     same = sum(a == b for a, b in zip(ours, theirs))
     report = [(i, next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)) for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
-    assert same >= 14, f"{same}/16 identical; (prompt, first differing token): {report}"
+    assert same >= AGREEMENT_FLOOR, f"{same}/16 identical; (prompt, first differing token): {report}"
+    if same < AGREEMENT_TARGET:
+        pytest.xfail(f"{same}/16 identical, issue 24's target is {AGREEMENT_TARGET}; (prompt, first differing token): {report}")
