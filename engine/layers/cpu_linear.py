@@ -38,6 +38,10 @@ except ImportError:  # pragma: no cover
     njit = None
 
 MAX_ROWS_F32 = 64  # float32 activation rows up to which the loop replaces torch's GEMM
+# Weight dtypes multiplied by the loop at every row count: a row's result then never depends on
+# how many rows share its forward (a cached prefix changes a prompt's last chunk; see
+# ``uses_compiled_loop``).
+ROW_INVARIANT_DTYPES = (torch.bfloat16,)
 _BLOCK = 64  # output rows per parallel task (one widening buffer each)
 
 if njit is not None:
@@ -75,8 +79,13 @@ if njit is not None:
 
 
 def uses_compiled_loop(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The loop for up to ``MAX_ROWS_F32`` rows, and for every row count of a bfloat16 weight: a
+    bfloat16 model's greedy tokens flip at the rounding differences between the loop and GEMM, so
+    a prompt whose last rows were computed after a cached prefix (a few rows: the loop) would
+    continue differently from the same prompt prefilled whole (many rows: GEMM)."""
+    rows_ok = 0 < x.shape[0] <= MAX_ROWS_F32 or (x.shape[0] > 0 and weight.dtype in ROW_INVARIANT_DTYPES)
     return (
-        njit is not None and x.device.type == "cpu" and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS_F32
+        njit is not None and x.device.type == "cpu" and x.dim() == 2 and rows_ok
         and weight.dtype in (torch.float32, torch.bfloat16) and weight.is_contiguous() and not torch.is_grad_enabled()
     )  # fmt: skip
 
