@@ -310,6 +310,8 @@ class GrammarDrafter(Drafter):
         except GrammarError:
             return None
         allowed = np.flatnonzero(unpack_bitmask(row, vocab.vocab_size))
+        if len(allowed) > MAX_GRAMMAR_CHOICES + len(vocab.eos_token_ids):
+            return None  # too many even without EOS; inside a string most of the vocabulary (~20 ms to list)
         allowed = [int(t) for t in allowed if int(t) not in vocab.eos_token_ids]
         if not allowed or len(allowed) > MAX_GRAMMAR_CHOICES:
             return None
