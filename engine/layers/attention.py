@@ -21,10 +21,15 @@ as its own decode query (over the keys up to itself), through the same kernel as
 the CPU the paged kernel computes each query alone, so those numbers are bit-identical to plain
 decoding's (measured: bfloat16 SmolLM2 logits differed by up to 0.44 between a 5-token
 verification and 5 decode steps through causal SDPA; now equal; float16 through the SDPA path,
-equal once groups stopped padding). Prefill rows keep causal SDPA. The linear layers are row-
-invariant while a forward multiplies at most ``cpu_linear.MAX_ROWS_F32`` rows (the compiled
-loop); beyond that torch's GEMM may round a row differently, so bit-identity across forward
-shapes holds for forwards of at most that many tokens (what the tests check).
+equal once groups stopped padding). Prefill rows keep causal SDPA, except with a cache dtype in
+``EVERY_QUERY_DECODE_LIKE`` (bfloat16) on the CPU's paged kernel: there every query, prefill
+included, attends alone (consecutive queries of a row share one run of slots), so a prompt's
+last rows computed after a cached prefix equal the same rows of a whole prefill (bfloat16 argmax
+ties flip at the difference; float32 moves by ~1e-6 and keeps SDPA's speed). The linear layers
+are row-invariant while a forward multiplies at most ``cpu_linear.MAX_ROWS_F32`` rows (the
+compiled loop), and at every row count for bfloat16 weights; beyond that torch's GEMM may round
+a float32 row differently, so float32 bit-identity across forward shapes holds for forwards of
+at most that many tokens (what the tests check).
 
 A layer may attend within a sliding window (``forward(..., window=w)``: a query at position p sees
 the keys at p - w + 1 .. p, as transformers' sliding layers do), scale queries by other than

@@ -19,9 +19,10 @@ Measured on the 2-core AMD EPYC box (one run, another job on the machine), ms pe
 | 14 MB bfloat16 | 8 / 64 / 256 | 8.5 / 67 / 272 | 2.9 / 21 / 90 |
 
 So float32 uses the loop up to ``MAX_ROWS_F32`` rows (beyond, torch's blocked GEMM has the reuse
-to win); bfloat16 too, and beyond that the weights are widened to float32 for torch's GEMM (a
-prefill chunk spends far longer multiplying than widening: 269 MB of SmolLM2 weights widen in
-tens of ms, its 512-token chunk takes seconds).
+to win). bfloat16 (``ROW_INVARIANT_DTYPES``) uses it at every row count: a row's result must not
+depend on how many rows share its forward, or a cached prefix (which shortens a prompt's last
+chunk) changes greedy outputs; at 256 rows the loop also beats torch's own bfloat16 GEMM (table).
+Other dtypes beyond ``MAX_ROWS_F32`` rows: torch's GEMM, bfloat16-like weights widened first.
 """
 
 from __future__ import annotations
