@@ -22,7 +22,8 @@ So float32 uses the loop up to ``MAX_ROWS_F32`` rows (beyond, torch's blocked GE
 to win). bfloat16 (``ROW_INVARIANT_DTYPES``) uses it at every row count: a row's result must not
 depend on how many rows share its forward, or a cached prefix (which shortens a prompt's last
 chunk) changes greedy outputs; at 256 rows the loop also beats torch's own bfloat16 GEMM (table).
-Other dtypes beyond ``MAX_ROWS_F32`` rows: torch's GEMM, bfloat16-like weights widened first.
+Without the loop (no numba, a non-contiguous weight), bfloat16 weights are widened to float32
+for torch's GEMM.
 """
 
 from __future__ import annotations
