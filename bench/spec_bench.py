@@ -119,6 +119,9 @@ def workload(name: str, engine: Engine) -> tuple[list[list[int]], list[dict]]:
     return prompts, [params] * len(prompts)
 
 
+PHASES = ("schedule", "forward", "mask_wait", "sample", "process")  # the scheduler's own step timing
+
+
 class ForwardTimer:
     """Wraps the target's forward: wall time per forward, by the number of token rows it ran
     (at batch 1: 1 = a decode step, k + 1 = a verification of k drafts)."""
@@ -159,7 +162,7 @@ def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
             config.adaptive = False
         elif opt.startswith("cost="):
             config.verify_cost = float(opt[5:])
-        elif opt not in ("legacy", "prompt"):
+        elif opt not in ("legacy", "prompt", "nofree"):
             raise SystemExit(f"unknown drafter option {opt!r} in {spec!r}")
 
     def swap() -> None:
@@ -180,6 +183,8 @@ def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
                 else:
                     legacy.tokenizer, legacy.texts, legacy.jump_forward = drafter.tokenizer, drafter.texts, drafter.jump_forward
                     drafter = legacy
+            if "nofree" in opts:
+                drafter.forced_after_free = False
             worker = SpeculativeWorker(drafter, sched.runner.sampler, config)
         sched.spec = sched.planner.spec = worker
 
@@ -189,10 +194,12 @@ def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
 def run(engine: Engine, prompts: list[list[int]], params: list[dict], timer: ForwardTimer) -> dict:
     sched = engine.scheduler
     forwards, rows = sched.stats["forwards"], timer.rows
+    before = dict(sched.timing)
     start = time.perf_counter()
     outs = engine.generate(input_ids=prompts, sampling_params=params)
     wall = time.perf_counter() - start
-    result = {"tokens": sum(o["meta_info"]["completion_tokens"] for o in outs), "wall": wall,
+    phases = {f"{k}_s": sched.timing[k] - before[k] for k in PHASES}
+    result = {**phases, "tokens": sum(o["meta_info"]["completion_tokens"] for o in outs), "wall": wall,
               "forwards": sched.stats["forwards"] - forwards, "outs": [o["output_ids"] for o in outs],
               "jump": sum(o["meta_info"]["jump_forward_tokens"] for o in outs), "rows": timer.rows - rows}  # fmt: skip
     if sched.spec:
@@ -242,6 +249,9 @@ def main() -> None:
                 modes = args.whitespace.split(",") if "json_schema" in params[0] else ["-"]
                 for mode in modes:
                     mode_params = [dict(p, json_whitespace=mode) for p in params] if mode != "-" else params
+                    # Compile (and cache) the constraint before timing: else the first drafter
+                    # run (``none``) alone pays the compilation.
+                    engine.generate(input_ids=prompts[:1], sampling_params=[dict(mode_params[0], max_new_tokens=2)])
                     for batch in batches:
                         totals: dict[str, dict] = {d: {} for d in drafters}
                         # Interleaved: every drafter runs each chunk of requests before the next
@@ -270,7 +280,21 @@ def main() -> None:
             use_drafter(engine, "none", args.draft_layers)
             costs[dtype] = timer.times
     _table(rows)
+    _phase_table(rows)
     _cost_table(costs)
+
+
+def _phase_table(rows: list) -> None:
+    """Where the time goes, per output token: the scheduler's step phases (``other``: the rest of
+    the wall time: waits between steps, prefill bookkeeping, detokenization, the client)."""
+    cols = PHASES + ("other",)
+    print("\n| dtype | workload | whitespace | batch | drafter | ms / output token | " + " | ".join(cols) + " |")
+    print("|---|---|---|---:|---|---:|" + "---:|" * len(cols))
+    for key, drafter, r, _ in rows:
+        per = {k: 1e3 * r[f"{k}_s"] / r["tokens"] for k in PHASES}
+        per["other"] = 1e3 * r["wall"] / r["tokens"] - sum(per.values())
+        cells = " | ".join(f"{per[k]:.2f}" for k in cols)
+        print(f"| {' | '.join(map(str, key))} | {drafter} | {1e3 * r['wall'] / r['tokens']:.2f} | {cells} |")
 
 
 def _cost_table(costs: dict) -> None:

@@ -65,3 +65,44 @@ def test_the_grouped_sdpa_path_would_differ_in_half_precision(folder, monkeypatc
     with pytest.raises(AssertionError):
         for dtype in ("bfloat16", "float16"):
             test_verification_scores_what_decoding_scores(folder, dtype)
+
+
+LONG_PROMPT = [(11 * i + 5) % 300 for i in range(150)]  # more rows than cpu_linear.MAX_ROWS_F32
+SCORED = 120  # the prompt's last positions compared
+
+
+def _prefix_cache_logits(folder, dtype: str, splits=(0, 30, 100, 149)) -> dict[int, torch.Tensor]:
+    """The logits of the prompt's last ``SCORED`` positions (those after the split), with the
+    first ``split`` tokens prefilled in an earlier forward, as a cached prefix would be."""
+    runner = ModelRunner(folder, dtype=dtype, max_total_tokens=2048, max_running_requests=len(splits))
+    out = {}
+    for split in splits:
+        slot = runner.req_to_token_pool.alloc()[0]
+        if split:
+            _forward(runner, [(slot, 0, LONG_PROMPT[:split], 1)])
+        suffix = LONG_PROMPT[split:]
+        (logits,) = _forward(runner, [(slot, split, suffix, min(SCORED, len(suffix)))])
+        out[split] = logits
+    return out
+
+
+def test_bfloat16_prompt_rows_do_not_depend_on_the_cached_prefix(folder):
+    """A prompt's rows get the same bfloat16 logits whether it is prefilled whole (150 rows in
+    one forward), or its last 1, 50 or 120 rows after a cached prefix: the prefix cache never
+    changes a greedy output (the loop at every row count, every query through the paged kernel)."""
+    got = _prefix_cache_logits(folder, "bfloat16")
+    whole = got[0]
+    for split, logits in got.items():
+        n = logits.shape[0]
+        assert torch.equal(logits, whole[-n:]), (split, (logits - whole[-n:]).abs().max())
+
+
+def test_the_gemm_and_sdpa_prefill_would_differ_in_bfloat16(folder, monkeypatch):
+    """The test above has power: with bfloat16 on torch's GEMM beyond ``MAX_ROWS_F32`` rows and
+    prefill queries through causal SDPA (the old dispatch), the logits move with the split."""
+    from engine.layers import cpu_linear
+
+    monkeypatch.setattr(cpu_linear, "ROW_INVARIANT_DTYPES", ())
+    monkeypatch.setattr(attention, "EVERY_QUERY_DECODE_LIKE", ())
+    with pytest.raises(AssertionError):
+        test_bfloat16_prompt_rows_do_not_depend_on_the_cached_prefix(folder)

@@ -26,7 +26,8 @@ def test_linear_equals_torch(dtype, rows, with_bias):
     assert got.dtype == dtype and got.shape == (rows, 301)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     assert torch.allclose(got.float(), want.to(dtype).float(), rtol=tol, atol=tol * 10)
-    assert compiled == (rows <= cpu_linear.MAX_ROWS_F32)
+    # bfloat16 takes the loop at every row count (row invariance: a cached prefix changes nothing)
+    assert compiled == (rows <= cpu_linear.MAX_ROWS_F32 or dtype in cpu_linear.ROW_INVARIANT_DTYPES)
 
 
 def test_grad_mode_and_half_use_torch():

@@ -21,10 +21,15 @@ as its own decode query (over the keys up to itself), through the same kernel as
 the CPU the paged kernel computes each query alone, so those numbers are bit-identical to plain
 decoding's (measured: bfloat16 SmolLM2 logits differed by up to 0.44 between a 5-token
 verification and 5 decode steps through causal SDPA; now equal; float16 through the SDPA path,
-equal once groups stopped padding). Prefill rows keep causal SDPA. The linear layers are row-
-invariant while a forward multiplies at most ``cpu_linear.MAX_ROWS_F32`` rows (the compiled
-loop); beyond that torch's GEMM may round a row differently, so bit-identity across forward
-shapes holds for forwards of at most that many tokens (what the tests check).
+equal once groups stopped padding). Prefill rows keep causal SDPA, except with a cache dtype in
+``EVERY_QUERY_DECODE_LIKE`` (bfloat16) on the CPU's paged kernel: there every query, prefill
+included, attends alone (consecutive queries of a row share one run of slots), so a prompt's
+last rows computed after a cached prefix equal the same rows of a whole prefill (bfloat16 argmax
+ties flip at the difference; float32 moves by ~1e-6 and keeps SDPA's speed). The linear layers
+are row-invariant while a forward multiplies at most ``cpu_linear.MAX_ROWS_F32`` rows (the
+compiled loop), and at every row count for bfloat16 weights; beyond that torch's GEMM may round
+a float32 row differently, so float32 bit-identity across forward shapes holds for forwards of
+at most that many tokens (what the tests check).
 
 A layer may attend within a sliding window (``forward(..., window=w)``: a query at position p sees
 the keys at p - w + 1 .. p, as transformers' sliding layers do), scale queries by other than
@@ -69,6 +74,9 @@ MAX_DECODE_GROUPS = 8
 # Extend rows after a cached prefix with at most this many tokens attend query by query, as
 # decode rows do (see the module docstring: batch invariance).
 MAX_DECODE_LIKE_QUERIES = 64
+# Cache dtypes whose every query, prefill included, attends alone through the CPU's paged kernel
+# (see the module docstring: row invariance of prefill).
+EVERY_QUERY_DECODE_LIKE = (torch.bfloat16,)
 
 
 @dataclass
@@ -144,18 +152,19 @@ class DecodeQuery:
     kv_len: int
 
 
-def _queries_decode_like(batch: ForwardBatch, r: int) -> bool:
+def _queries_decode_like(batch: ForwardBatch, r: int, every_row: bool = False) -> bool:
     """Row ``r``'s queries are attended one by one, as decode rows: a decode row, or a short
-    extend after a cached prefix (speculative verification, jump-forward's tokens)."""
+    extend after a cached prefix (speculative verification, jump-forward's tokens), or any row
+    with ``every_row``."""
     n = batch.extend_seq_lens_cpu[r]
-    return n == 1 or (batch.extend_prefix_lens_cpu[r] > 0 and n <= MAX_DECODE_LIKE_QUERIES)
+    return every_row or n == 1 or (batch.extend_prefix_lens_cpu[r] > 0 and n <= MAX_DECODE_LIKE_QUERIES)
 
 
-def decode_queries(batch: ForwardBatch) -> list[DecodeQuery]:
+def decode_queries(batch: ForwardBatch, every_row: bool = False) -> list[DecodeQuery]:
     """Every query token attended as a decode row, in flat-token order."""
     out = []
     for r in range(batch.batch_size):
-        if not _queries_decode_like(batch, r):
+        if not _queries_decode_like(batch, r, every_row):
             continue
         start, n, seq = batch.extend_start_loc_cpu[r], batch.extend_seq_lens_cpu[r], batch.seq_lens_cpu[r]
         slot = int(batch.req_pool_indices[r])
@@ -189,9 +198,11 @@ class TorchAttention:
         """The layout of ``batch`` for layers attending within ``window`` keys (None: all);
         ``paged=False`` keeps decode rows off the paged kernel (soft-capped layers)."""
         table = batch.req_to_token_pool.req_to_token
-        queries = decode_queries(batch)
-        kernel = self._paged_kernel(batch) if queries and paged else None
-        extend = self._extend_rows(batch, table, window)
+        kernel = self._paged_kernel(batch) if paged else None
+        every_row = kernel == "numba" and batch.token_to_kv_pool.dtype in EVERY_QUERY_DECODE_LIKE
+        queries = decode_queries(batch, every_row)
+        kernel = kernel if queries else None
+        extend = self._extend_rows(batch, table, window, every_row)
         if kernel is not None:
             return AttentionMetadata([], extend, self._paged_decode(batch, table, queries, kernel, window))
         groups = []
@@ -217,21 +228,31 @@ class TorchAttention:
         device = table.device
         spans = [_visible(q.kv_len, window) for q in queries]
         lens = [n for _, n in spans]
-        slots = torch.cat([table[q.slot, lo : lo + n] for q, (lo, n) in zip(queries, spans)])
-        starts = [0] * len(queries)
-        for i in range(1, len(queries)):
-            starts[i] = starts[i - 1] + lens[i - 1]
+        # Consecutive queries of one row from the same first key share one run of slots (a
+        # prefill's queries attend alone: one run, not a copy per query).
+        pieces, starts, offset, i = [], [], 0, 0
+        while i < len(queries):
+            slot, lo = queries[i].slot, spans[i][0]
+            j = i + 1
+            while j < len(queries) and queries[j].slot == slot and spans[j][0] == lo:
+                j += 1
+            end = lo + max(lens[i:j])
+            pieces.append(table[slot, lo:end])
+            starts += [offset] * (j - i)
+            offset += end - lo
+            i = j
+        slots = torch.cat(pieces)
         long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
         all_tokens = len(queries) == batch.num_tokens
         token_index = None if all_tokens else long([q.token for q in queries])
         return PagedDecode(kernel, token_index, slots, long(starts), long(lens), max(lens))
 
     @staticmethod
-    def _extend_rows(batch: ForwardBatch, table: torch.Tensor, window: int | None = None) -> list[ExtendRow]:
+    def _extend_rows(batch: ForwardBatch, table: torch.Tensor, window: int | None = None, every_row: bool = False) -> list[ExtendRow]:
         extend = []
         for r in range(batch.batch_size):
             n = batch.extend_seq_lens_cpu[r]
-            if _queries_decode_like(batch, r):
+            if _queries_decode_like(batch, r, every_row):
                 continue
             seq = batch.seq_lens_cpu[r]
             # keys from the first one the earliest query sees

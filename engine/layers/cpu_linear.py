@@ -19,9 +19,11 @@ Measured on the 2-core AMD EPYC box (one run, another job on the machine), ms pe
 | 14 MB bfloat16 | 8 / 64 / 256 | 8.5 / 67 / 272 | 2.9 / 21 / 90 |
 
 So float32 uses the loop up to ``MAX_ROWS_F32`` rows (beyond, torch's blocked GEMM has the reuse
-to win); bfloat16 too, and beyond that the weights are widened to float32 for torch's GEMM (a
-prefill chunk spends far longer multiplying than widening: 269 MB of SmolLM2 weights widen in
-tens of ms, its 512-token chunk takes seconds).
+to win). bfloat16 (``ROW_INVARIANT_DTYPES``) uses it at every row count: a row's result must not
+depend on how many rows share its forward, or a cached prefix (which shortens a prompt's last
+chunk) changes greedy outputs; at 256 rows the loop also beats torch's own bfloat16 GEMM (table).
+Without the loop (no numba, a non-contiguous weight), bfloat16 weights are widened to float32
+for torch's GEMM.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ except ImportError:  # pragma: no cover
     njit = None
 
 MAX_ROWS_F32 = 64  # float32 activation rows up to which the loop replaces torch's GEMM
+# Weight dtypes multiplied by the loop at every row count: a row's result then never depends on
+# how many rows share its forward (a cached prefix changes a prompt's last chunk; see
+# ``uses_compiled_loop``).
+ROW_INVARIANT_DTYPES = (torch.bfloat16,)
 _BLOCK = 64  # output rows per parallel task (one widening buffer each)
 
 if njit is not None:
@@ -75,8 +81,13 @@ if njit is not None:
 
 
 def uses_compiled_loop(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The loop for up to ``MAX_ROWS_F32`` rows, and for every row count of a bfloat16 weight: a
+    bfloat16 model's greedy tokens flip at the rounding differences between the loop and GEMM, so
+    a prompt whose last rows were computed after a cached prefix (a few rows: the loop) would
+    continue differently from the same prompt prefilled whole (many rows: GEMM)."""
+    rows_ok = 0 < x.shape[0] <= MAX_ROWS_F32 or (x.shape[0] > 0 and weight.dtype in ROW_INVARIANT_DTYPES)
     return (
-        njit is not None and x.device.type == "cpu" and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS_F32
+        njit is not None and x.device.type == "cpu" and x.dim() == 2 and rows_ok
         and weight.dtype in (torch.float32, torch.bfloat16) and weight.is_contiguous() and not torch.is_grad_enabled()
     )  # fmt: skip
 

@@ -55,6 +55,9 @@ class Drafter:
 
     name = "none"
     jump_forward = True  # the engine's jump-forward setting
+    # Draft a forced run after free (unverified) tokens of the same draft; if one of those is
+    # rejected, every row of the run was computed for nothing.
+    forced_after_free = True
     tokenizer = None  # set by ``build_drafter``; needed to draft through forced text
     texts = None
 
@@ -81,7 +84,9 @@ class Drafter:
 
     def start(self, req: Req, budget: int) -> DraftState:
         jumps = jumps_forward(req, self.jump_forward) and self.tokenizer is not None
-        return DraftState(req, budget, jumps, self.tokenizer, self.texts)
+        state = DraftState(req, budget, jumps, self.tokenizer, self.texts)
+        state.forced_after_free = self.forced_after_free
+        return state
 
     def extend(self, state: DraftState) -> None:  # pragma: no cover - overridden by model-free drafters
         raise NotImplementedError
@@ -105,6 +110,7 @@ class DraftState:
         self.forced: list[bool] = []
         self.matcher: GrammarMatcher | None = req.grammar.copy() if req.grammar is not None and req.grammar_applies else None
         self.ended = False  # the grammar terminated, or refused a proposed token's successor
+        self.forced_after_free = True
 
     @property
     def full(self) -> bool:
@@ -157,6 +163,9 @@ class DraftState:
     def push_forced(self) -> bool:
         """Append the forced run jump-forward would append here, if it fits in the budget."""
         assert self.matcher is not None
+        if not self.forced_after_free and False in self.forced:
+            self.ended = True
+            return False
         run = jump_forward_tokens(self.matcher, self.tokenizer, self.texts, self.req.remaining_tokens - len(self.tokens))
         if not run or len(self.tokens) + len(run) > self.cap:
             self.ended = True  # the matcher copy is past a partial run: nothing more to draft
@@ -301,6 +310,8 @@ class GrammarDrafter(Drafter):
         except GrammarError:
             return None
         allowed = np.flatnonzero(unpack_bitmask(row, vocab.vocab_size))
+        if len(allowed) > MAX_GRAMMAR_CHOICES + len(vocab.eos_token_ids):
+            return None  # too many even without EOS; inside a string most of the vocabulary (~20 ms to list)
         allowed = [int(t) for t in allowed if int(t) not in vocab.eos_token_ids]
         if not allowed or len(allowed) > MAX_GRAMMAR_CHOICES:
             return None
