@@ -247,7 +247,8 @@ def walk_levels(core, words, first_pos, begin, end, mode, start, bits, ends, wan
     cuts: list[np.ndarray] = []  # [node, first pos, end pos, parent state, depth - 1] per range
     previous = None
     for d in range(1, int(depth.max(initial=0)) + 1):
-        nodes = np.flatnonzero(depth == d)
+        level = np.flatnonzero(depth == d)
+        nodes = level
         if d == 1:
             pstate = np.full(len(nodes), start, dtype=np.int64)
             ptaint = np.full(len(nodes), bool(det.core_flags(core)[0][start]))
@@ -287,7 +288,7 @@ def walk_levels(core, words, first_pos, begin, end, mode, start, bits, ends, wan
         np.bitwise_or.at(bits, t >> 5, (np.uint32(1) << (t & 31).astype(np.uint32)))
         if want_ends:
             ends[t] = tns
-        previous = np.flatnonzero(depth == d)
+        previous = level
     if not cuts:
         return 0, _NO_RANGES[:0]
     table = np.concatenate(cuts)
@@ -296,12 +297,14 @@ def walk_levels(core, words, first_pos, begin, end, mode, start, bits, ends, wan
 
 def walk_levels_kernel(core, words, first_pos, begin, end, mode, state_at, tainted, bits, ends, want_ends, ranges, io):
     """:func:`walk_levels` behind ``_walk_kernel``'s signature and ``io`` protocol, so a walk
-    driver can run either: a walk whose ranges do not fit asks for room (_GROW) and is
-    rerun whole (its token bits are idempotent)."""
+    driver can run either: a walk whose ranges do not fit fills ``ranges`` with the first ones
+    and asks for room (_GROW), as the kernel does, and is then rerun whole (its token bits are
+    idempotent)."""
     status, found = walk_levels(core, words, first_pos, begin, end, mode, int(state_at[0]), bits, ends, want_ends)
     if status < 0:
         io[0], io[1], io[2] = status, begin, 0
     elif len(found) > ranges.shape[0]:
+        ranges[:] = found[: ranges.shape[0]]
         io[0], io[1], io[2] = _GROW, begin, 0
     else:
         ranges[: len(found)] = found

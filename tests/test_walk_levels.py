@@ -51,6 +51,18 @@ def test_every_walk_of_a_workload_equals_the_kernels(shared, monkeypatch):
         if want_ends:
             np.testing.assert_array_equal(mine_ends, ends)
         np.testing.assert_array_equal(mine_ranges, ranges[: int(io[2])] if mode != token_walk.PLAIN else mine_ranges)
+        if len(mine_ranges):  # the kernel-shaped wrapper: too little room, then enough
+            room = np.empty((len(mine_ranges) - 1, 4), dtype=np.int32)
+            shim_io = np.zeros(3, dtype=np.int64)
+            token_walk.walk_levels_kernel(core, words, first_pos, begin, end, mode, state_at, tainted, bits.copy(),
+                                          ends.copy(), want_ends, room, shim_io)
+            assert shim_io[0] == token_walk._GROW and shim_io[1] == begin
+            np.testing.assert_array_equal(room, mine_ranges[: len(room)])
+            room = np.empty((len(mine_ranges), 4), dtype=np.int32)
+            token_walk.walk_levels_kernel(core, words, first_pos, begin, end, mode, state_at, tainted, bits.copy(),
+                                          ends.copy(), want_ends, room, shim_io)
+            assert list(shim_io) == [token_walk._DONE, end, len(mine_ranges)]
+            np.testing.assert_array_equal(room, mine_ranges)
         seen["walks"] += 1
         seen["modes"].add(int(mode))
         seen["ranges"] += len(mine_ranges)
