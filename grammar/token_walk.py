@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 from numba import njit
 
-from . import determinizer as det  # only to stamp the kernel cache (see _drop_stale_kernels)
+from . import determinizer as det  # the kernel cache stamp (see _drop_stale_kernels); walk_levels reads the core
 from .automaton import DEAD as DEAD_STATE
 from .automaton import UNEXPANDED, expand_cell, static_core
 from .token_trie import DEPTH_SHIFT, FIELD_24, MAX_TRIE_DEPTH, SKIP_SHIFT, TOKEN_SHIFT, TokenTrie
@@ -222,6 +222,93 @@ def range_positions(ranges):  # pragma: no cover
             pos[k], state[k], offset[k] = p, ranges[r, 2], ranges[r, 3]
             k += 1
     return pos, state, offset
+
+
+def walk_levels(core, words, first_pos, begin, end, mode, start, bits, ends, want_ends, expand=None):
+    """``_walk_kernel``'s walk as numpy array operations, one trie level at a time (for a tier
+    that runs before the kernels are compiled: ``_walk_kernel`` run as plain Python visits one
+    node per interpreter loop, about a second per mask over a 49k vocabulary). The whole
+    subtrees of nodes ``begin`` .. ``end`` from state ``start``, in one call (not resumable).
+    Returns (status, ranges): status 0 or the determinizer's budget error (< 0), ``ranges`` the
+    kernel's exit ranges in the kernel's order (preorder; cut subtrees never nest).
+
+    The tokens, end states and ranges equal the kernel's; cells not computed yet are computed
+    by ``expand`` level by level instead of depth first, so on a fresh automaton the new
+    states are numbered in another order (the same configurations, the same set of cells).
+    ``expand`` defaults to this module's ``expand_cell`` as it is at the call."""
+    expand = expand_cell if expand is None else expand
+    w = words[begin:end]
+    depth = ((w >> np.uint64(DEPTH_SHIFT)) & np.uint64(0xFF)).astype(np.int64)
+    byte = (w & np.uint64(0xFF)).astype(np.int64)
+    token = ((w >> np.uint64(TOKEN_SHIFT)) & np.uint64(FIELD_24)).astype(np.int64) - 1
+    skip = (w >> np.uint64(SKIP_SHIFT)).astype(np.int64)
+    state = np.full(len(w), -1, dtype=np.int64)  # each continuing node's state after its byte
+    taint = np.zeros(len(w), dtype=np.bool_)
+    cuts: list[np.ndarray] = []  # [node, first pos, end pos, parent state, depth - 1] per range
+    previous = None
+    for d in range(1, int(depth.max(initial=0)) + 1):
+        level = np.flatnonzero(depth == d)
+        nodes = level
+        if d == 1:
+            pstate = np.full(len(nodes), start, dtype=np.int64)
+            ptaint = np.full(len(nodes), bool(det.core_flags(core)[0][start]))
+        else:
+            parent = previous[np.searchsorted(previous, nodes) - 1]
+            keep = state[parent] >= 0  # the parent continued (not dead, not cut)
+            nodes, parent = nodes[keep], parent[keep]
+            pstate, ptaint = state[parent], taint[parent]
+        if not len(nodes):
+            break
+        table = det.core_table(core)
+        ns = table[pstate, byte[nodes]].astype(np.int64)
+        todo = ns == UNEXPANDED
+        if todo.any():
+            for p, b in np.unique(np.stack([pstate[todo], byte[nodes][todo]], axis=1), axis=0).tolist():
+                if table[p, b] == UNEXPANDED:
+                    status = expand(core, np.int64(p), np.int64(b))
+                    if status < 0:
+                        return status, _NO_RANGES[:0]
+                    table = det.core_table(core)  # the determinizer may have grown the arrays
+            ns = table[pstate, byte[nodes]].astype(np.int64)
+        exits = det.core_flags(core)[0]
+        dead = ns < 0
+        stop = ~dead & (exits[np.maximum(ns, 0)] != 0) if mode == STOP_AT_EXITS else np.zeros(len(ns), dtype=np.bool_)
+        ranged = stop | (dead & ptaint) if mode == DEAD_AFTER_EXITS else stop
+        if ranged.any():
+            cut = nodes[ranged]
+            cuts.append(np.stack([cut, first_pos[begin + cut], first_pos[skip[cut]], pstate[ranged],
+                                  np.full(len(cut), d - 1)], axis=1))
+        go = ~dead & ~stop
+        state[nodes[go]] = ns[go]
+        if mode == DEAD_AFTER_EXITS:
+            taint[nodes[go]] = ptaint[go] | (exits[ns[go]] != 0)
+        t = token[nodes[go]]
+        has = t >= 0
+        t, tns = t[has], ns[go][has]
+        np.bitwise_or.at(bits, t >> 5, (np.uint32(1) << (t & 31).astype(np.uint32)))
+        if want_ends:
+            ends[t] = tns
+        previous = level
+    if not cuts:
+        return 0, _NO_RANGES[:0]
+    table = np.concatenate(cuts)
+    return 0, np.ascontiguousarray(table[np.argsort(table[:, 0], kind="stable"), 1:], dtype=np.int32)
+
+
+def walk_levels_kernel(core, words, first_pos, begin, end, mode, state_at, tainted, bits, ends, want_ends, ranges, io):
+    """:func:`walk_levels` behind ``_walk_kernel``'s signature and ``io`` protocol, so a walk
+    driver can run either: a walk whose ranges do not fit fills ``ranges`` with the first ones
+    and asks for room (_GROW), as the kernel does, and is then rerun whole (its token bits are
+    idempotent)."""
+    status, found = walk_levels(core, words, first_pos, begin, end, mode, int(state_at[0]), bits, ends, want_ends)
+    if status < 0:
+        io[0], io[1], io[2] = status, begin, 0
+    elif len(found) > ranges.shape[0]:
+        ranges[:] = found[: ranges.shape[0]]
+        io[0], io[1], io[2] = _GROW, begin, 0
+    else:
+        ranges[: len(found)] = found
+        io[0], io[1], io[2] = _DONE, end, len(found)
 
 
 # ---------------------------------------------------------------------------------- drivers

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import json
 import os
 import queue
 import sys
@@ -32,6 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from grammar import TokenVocabulary, disk_cache, jit_warmup
@@ -521,4 +523,27 @@ def load_tokenizer(path: Any) -> Any:
         from ..hf.gguf_tokenizer import load_gguf_tokenizer
 
         return load_gguf_tokenizer(path)
+    if _declares_fast_tokenizer(path):
+        # AutoTokenizer would resolve the class through AutoConfig, importing the model family's
+        # modules and much of transformers (4 to 12 s of a start, issue 25) to arrive at the
+        # class the folder already names; the same class loads the same tokenizer directly.
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+# tokenizer_config.json classes that are the plain fast tokenizer over tokenizer.json.
+_FAST_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+
+
+def _declares_fast_tokenizer(path: Any) -> bool:
+    """True when the folder ``path`` names the plain fast tokenizer class in its
+    tokenizer_config.json (no remote code), beside a tokenizer.json."""
+    folder = Path(path)
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(config, dict) and config.get("tokenizer_class") in _FAST_TOKENIZER_CLASSES
+            and "auto_map" not in config and (folder / "tokenizer.json").is_file())
