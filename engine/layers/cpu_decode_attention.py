@@ -137,6 +137,7 @@ def _build(dim: int, lanes: int, bf16: bool, f16_probs: bool = False):  # type: 
         macs = 2 * int(kv_len.sum()) * heads * dim  # scores and the weighted sum
         run_rows(lambda t0, t1: tasks(t0, t1, q, k_rows, v_rows, kv_index, kv_start, kv_len, out, scale, num_kv_heads), count, macs, min_chunk=1)
 
+    paged_decode_attention.compiled = tasks  # type: ignore[attr-defined]  # the numba dispatcher (its signatures)
     return paged_decode_attention
 
 
