@@ -58,6 +58,10 @@ FAMILIES = {
     "mixtral": ("llama", "MixtralConfig", "MixtralForCausalLM", dict(
         num_local_experts=4, num_experts_per_tok=2, sliding_window=None, head_dim=None,
     )),
+    # llama.cpp sizes OLMoE's k norm by the hidden width: as in the released models, no grouped heads
+    "olmoe": ("olmoe", "OlmoeConfig", "OlmoeForCausalLM", dict(
+        num_experts=6, num_experts_per_tok=2, norm_topk_prob=False, num_key_value_heads=4,
+    )),
 }  # fmt: skip
 
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
@@ -130,7 +134,7 @@ def write_family_gguf(path: Path, family: str, model) -> None:  # type: ignore[n
     if experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(c.num_experts_per_tok)
-        if family != "mixtral":
+        if family not in ("mixtral", "olmoe"):  # their experts are feed_forward_length wide
             w.add_expert_feed_forward_length(c.moe_intermediate_size)
         if family == "qwen2_moe":
             w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)

@@ -1,5 +1,5 @@
-"""GGUF files of the families beyond Llama: Qwen3, Qwen2-MoE, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3
-and Mixtral (llama architecture with stacked experts), written by the test in F32 the way
+"""GGUF files of the families beyond Llama: Qwen3, Qwen2-MoE, Qwen3-MoE, OLMoE, Gemma 2, Gemma 3,
+Phi-3 and Mixtral (llama architecture with stacked experts), written by the test in F32 the way
 llama.cpp's converter writes them (tests/gguf_family_files.py).
 
 - The metadata reads into the ``ModelConfig`` the Hugging Face config gives (the same fields).
@@ -8,6 +8,8 @@ llama.cpp's converter writes them (tests/gguf_family_files.py).
 - llama.cpp (``llama_cpp``; required in CI) loads the same file and its prompt logits agree with
   transformers': the file is laid out as llama.cpp's converter lays it out, not only readable by
   formcast.
+- MoE files: the expert ids formcast routes to equal the top-k of transformers' router at every
+  prompt position decided beyond float noise.
 - A family's missing metadata is a ``ModelLoadError`` naming the key.
 """
 
@@ -19,12 +21,14 @@ import numpy as np
 import pytest
 import torch
 
+from engine.model_executor.forward_batch import ForwardBatch, ForwardInput
 from engine.model_executor.model_runner import ModelRunner
 from engine.models.config import ModelConfig, ModelLoadError
 
 from conftest import require_optional
 from gguf_family_files import FAMILIES, WINDOW, build, write_family_gguf
 from model_loop import GreedyLoop
+from test_model_families import _oracle_routes
 from test_model_runner import TOL, _hf_logits
 
 PROMPT = [72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33, 10, 5, 200, 17, 99, 3, 250, 64, 77, 12]
@@ -68,6 +72,26 @@ def test_logits_equal_transformers(family_file):
         tokens.append(int(step.argmax()))
         row.tokens.append(tokens[-1])
     loop.release(row)
+
+
+def test_routed_experts_equal_the_oracle_router(family_file):
+    family, model, _, runner = family_file
+    if runner.model_config.moe is None:
+        pytest.skip("dense model")
+    top_k = runner.model_config.moe.top_k
+    slot = runner.req_to_token_pool.alloc()[0]
+    locs = runner.token_to_kv_pool.alloc(len(PROMPT))
+    batch = ForwardBatch.init_new([ForwardInput(slot, 0, PROMPT, locs, num_logits=len(PROMPT))],
+                                  runner.req_to_token_pool, runner.token_to_kv_pool)  # fmt: skip
+    batch.capture_routed_experts = True
+    got = runner.forward(batch).routed_experts
+    runner.token_to_kv_pool.free(locs)
+    runner.req_to_token_pool.free(slot)
+    expect, decided = _oracle_routes(model, PROMPT, top_k)
+    assert got.shape == expect.shape
+    same = (torch.sort(got, -1).values == torch.sort(expect, -1).values).all(-1)
+    assert bool(same[decided].all()), f"{family}: routed experts differ from the router's top-k"
+    assert int(decided.sum()) > 0.9 * decided.numel()
 
 
 def test_llama_cpp_reads_the_file_as_the_same_model(family_file):

@@ -22,6 +22,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
 
+from engine.layers import cpu_threads  # noqa: E402
 from engine.layers import ggml_quants as gq  # noqa: E402
 
 N, K = 24, 512
@@ -166,7 +167,7 @@ def test_stacked_and_reordered_weights():
     torch.testing.assert_close(a.take_rows(order).matmul(x), a.matmul(x)[:, order])
 
 
-# --- rows split across threads (``_run_rows``), any shape ------------------------------------------
+# --- rows split across threads (``cpu_threads.run_rows``), any shape ------------------------------------------
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -205,7 +206,7 @@ def test_block_products_equal_integer_block_sums(two_threads, type_name, n, bloc
     raw = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), T[type_name])
     x = (rng.standard_normal((rows, k)) * rng.uniform(0.1, 10)).astype(np.float32)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gq, "PARALLEL_MIN_MACS", 0 if split else 1 << 62)
+        mp.setattr(cpu_threads, "PARALLEL_MIN_MACS", 0 if split else 1 << 62)
         got = gq.QuantizedWeight.from_gguf(type_name, raw, (n, k)).matmul(torch.from_numpy(x)).numpy()
     expected = _format_product(type_name, raw, x)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * max(1.0, np.abs(expected).max()))
@@ -223,8 +224,8 @@ def two_threads():
 
 def test_split_rows_equal_one_call_and_raise_errors(monkeypatch):
     calls: list[tuple[int, int]] = []
-    monkeypatch.setattr(gq, "_threads", lambda: 2)
-    gq._run_rows(lambda a, b: calls.append((a, b)), 100, 1 << 30)
+    monkeypatch.setattr(cpu_threads, "threads", lambda: 2)
+    cpu_threads.run_rows(lambda a, b: calls.append((a, b)), 100, 1 << 30)
     assert sorted(calls)[0][0] == 0 and sum(b - a for a, b in calls) == 100 and len(calls) > 1
     assert all(b == c for (_, b), (c, _) in zip(sorted(calls), sorted(calls)[1:])), "chunks tile the rows"
 
@@ -232,4 +233,4 @@ def test_split_rows_equal_one_call_and_raise_errors(monkeypatch):
         raise ValueError("chunk failed")
 
     with pytest.raises(ValueError, match="chunk failed"):
-        gq._run_rows(fail, 100, 1 << 30)
+        cpu_threads.run_rows(fail, 100, 1 << 30)

@@ -21,28 +21,20 @@ Beyond ``MAX_QUANT_ROWS`` rows (long prefills) the weight is dequantized to floa
 by the same quantized activations (as floats) in torch's GEMM, whose blocking wins there; a row
 gets the same numbers whichever path its batch takes, up to float summation order.
 
-Every loop releases the GIL; a product of at least ``PARALLEL_MIN_MACS`` multiply-adds has its
-output rows split across threads that take chunks from one counter (``_run_rows``).
+Every loop releases the GIL and covers a range of output rows; ``cpu_threads.run_rows`` splits a
+large product across threads that take chunks from one counter (no ``prange`` barrier).
 """
 
 from __future__ import annotations
 
-import itertools
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import torch
 import torch.nn.functional as F
-import numba
 from numba import njit
 
+from .cpu_threads import run_rows
+
 MAX_QUANT_ROWS = 32  # activation rows up to which the integer dot-product loop runs
-# From this many multiply-adds (activation rows x N x K) a product is split across threads
-# (``_run_rows``); below it the calling thread does it alone (handing a 576 x 576 GEMV to another
-# thread costs about what the GEMV costs).
-PARALLEL_MIN_MACS = int(os.environ.get("FORMCAST_GGML_PARALLEL_MACS", 1024 * 1024))
 QK = 32
 QK_K = 256
 
@@ -233,69 +225,6 @@ def _mm_codes(n0, n1, shift, q, scale, mins, x, xsum, out):  # pragma: no cover 
             out[r, n] = acc
 
 
-# --------------------------------------------------------------------------- splitting rows across threads
-# The loops release the GIL and each call covers a range of output rows, so a product is split
-# into chunks that the calling thread and ``threads - 1`` pool threads take from one counter: a
-# thread the OS schedules late finds the chunks taken and returns, and the caller never waits for
-# a thread that has not started. numba's ``prange`` instead waits at a barrier for every thread;
-# on a loaded 2-core machine one launch measured 8-20 ms, against 0.1-0.5 ms for a decode GEMV.
-
-
-class _Chunks:
-    def __init__(self, fn, n_out: int, chunk: int) -> None:  # type: ignore[no-untyped-def]
-        self.fn, self.n_out, self.chunk = fn, n_out, chunk
-        self.count = (n_out + chunk - 1) // chunk
-        self.next = itertools.count()
-        self.left = self.count
-        self.lock = threading.Lock()
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-    def work(self) -> None:
-        while True:
-            i = next(self.next)  # atomic under the GIL
-            if i >= self.count:
-                return
-            try:
-                self.fn(i * self.chunk, min(self.n_out, (i + 1) * self.chunk))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                self.error = exc
-            with self.lock:
-                self.left -= 1
-                if self.left == 0:
-                    self.done.set()
-
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _threads() -> int:
-    return int(numba.get_num_threads())  # the engine's thread count (ModelRunner sets it)
-
-
-def _run_rows(fn, n_out: int, macs: int) -> None:  # type: ignore[no-untyped-def]
-    """``fn(n0, n1)`` over the output rows [0, n_out), split across threads when it pays."""
-    threads = _threads()
-    if threads <= 1 or macs < PARALLEL_MIN_MACS:
-        fn(0, n_out)
-        return
-    pieces = max(2 * threads, min(16, macs // (512 * 1024)))
-    chunk = max(16, -(-n_out // pieces))
-    job = _Chunks(fn, n_out, chunk)
-    global _POOL
-    if _POOL is None:
-        with _POOL_LOCK:
-            if _POOL is None:
-                _POOL = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1), thread_name_prefix="ggml")
-    for _ in range(min(threads - 1, job.count - 1)):
-        _POOL.submit(job.work)
-    job.work()
-    job.done.wait()
-    if job.error is not None:
-        raise job.error
-
-
 # --------------------------------------------------------------------------- dequantization
 
 
@@ -458,7 +387,7 @@ class QuantizedWeight:
         else:
             kind = BLOCK_TYPES.index(self.type_name)
             fn = lambda i0, i1: _dequant_nibbles(i0, i1, kind, a["qs"], a["qh"], a["d"], a["m"], rows, out)  # noqa: E731
-        _run_rows(fn, rows.shape[0], out.size)
+        run_rows(fn, rows.shape[0], out.size)
         return out
 
     def dequantize(self) -> torch.Tensor:
@@ -502,7 +431,7 @@ class QuantizedWeight:
                 xsum = sums * np.repeat(xd, sums.shape[1] // xd.shape[1], axis=1)
             else:
                 xsum = np.zeros((m_rows, 0), np.float32)
-            _run_rows(lambda n0, n1: _mm_codes(n0, n1, a["shift"], a["q"], a["scale"], a["min"], x_deq, xsum, out), self.shape[0], macs)
+            run_rows(lambda n0, n1: _mm_codes(n0, n1, a["shift"], a["q"], a["scale"], a["min"], x_deq, xsum, out), self.shape[0], macs)
             return torch.from_numpy(out)
         raise AssertionError(kind)  # the 32-element formats took _block_product
 
@@ -519,7 +448,7 @@ class QuantizedWeight:
             x_deq = np.empty((m_rows, k_dim), np.float32)
             _q8_dequantized(x32, x_deq, x_deq, xs, False)
             no_sums = np.zeros((m_rows, 0), np.float32)
-            _run_rows(lambda n0, n1: _mm_codes(n0, n1, 5, a["q"], a["scale"], a["min"], x_deq, no_sums, out), n_out, macs)
+            run_rows(lambda n0, n1: _mm_codes(n0, n1, 5, a["q"], a["scale"], a["min"], x_deq, no_sums, out), n_out, macs)
             return out
         xlo = np.empty((m_rows, k_dim // 2), np.float32)
         xhi = np.empty_like(xlo)
@@ -527,10 +456,10 @@ class QuantizedWeight:
         qs = a["qs"].reshape(n_out, -1)
         if kind in ("Q4_0", "Q4_1"):
             off = np.float32(8.0 if kind == "Q4_0" else 0.0)
-            _run_rows(lambda n0, n1: _mm_q4(n0, n1, off, qs, a["d"], a["m"], xlo, xhi, xs, out), n_out, macs)
+            run_rows(lambda n0, n1: _mm_q4(n0, n1, off, qs, a["d"], a["m"], xlo, xhi, xs, out), n_out, macs)
         else:
             off = np.float32(16.0 if kind == "Q5_0" else 0.0)
-            _run_rows(lambda n0, n1: _mm_q5(n0, n1, off, qs, a["qh"], a["d"], a["m"], xlo, xhi, xs, out), n_out, macs)
+            run_rows(lambda n0, n1: _mm_q5(n0, n1, off, qs, a["qh"], a["d"], a["m"], xlo, xhi, xs, out), n_out, macs)
         return out
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:

@@ -4,10 +4,11 @@
     family_config(gf, cfg)   # adds the family's fields to cfg, the config dict of gf's base keys
 
 - ``qwen3`` / ``qwen3moe``: RMSNorm on q and k per head (implied by the family);
-- ``qwen2moe`` / ``qwen3moe`` / ``llama`` with ``expert_count`` (Mixtral): the experts' count,
-  top-k and widths; every layer is sparse (llama.cpp has no dense layers in these); top-k weights
-  renormalized as llama.cpp does (``expert_weights_norm`` when the file states it, else Qwen2-MoE
-  no, Qwen3-MoE and Mixtral yes);
+- ``qwen2moe`` / ``qwen3moe`` / ``olmoe`` / ``llama`` with ``expert_count`` (Mixtral): the experts'
+  count, top-k and widths (OLMoE's and Mixtral's experts are ``feed_forward_length`` wide); every
+  layer is sparse (llama.cpp has no dense layers in these); top-k weights renormalized as llama.cpp
+  does (``expert_weights_norm`` when the file states it, else Qwen2-MoE and OLMoE no, Qwen3-MoE and
+  Mixtral yes); OLMoE's q/k norms span all heads (implied by the family);
 - ``gemma2`` / ``gemma3``: GELU-tanh, the sliding window, soft-capping; the query scale llama.cpp
   uses (1/sqrt(head_dim), or 1/sqrt(hidden / heads) for the 27B sizes it recognizes by layer
   count); Gemma 3's local RoPE base is 10000 and every sixth layer global, as llama.cpp fixes them;
@@ -32,6 +33,7 @@ from .config import ModelLoadError
 
 # llama.cpp's Gemma sizes whose query scale is 1/sqrt(hidden / heads): the 27B ones, by layer count
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+_MOE_ARCHS = ("olmoe", "qwen2moe", "qwen3moe")  # besides llama, whose experts make it Mixtral
 
 
 def family_config(gf: Any, cfg: dict[str, Any]) -> None:
@@ -43,10 +45,10 @@ def family_config(gf: Any, cfg: dict[str, Any]) -> None:
     if expert_count:
         if arch == "llama":
             cfg["architectures"] = ["MixtralForCausalLM"]
-        elif arch not in ("qwen2moe", "qwen3moe"):
-            raise ModelLoadError(f"{gf.path}: {arch}.expert_count is set; formcast runs experts for llama, qwen2moe and qwen3moe only")
+        elif arch not in _MOE_ARCHS:
+            raise ModelLoadError(f"{gf.path}: {arch}.expert_count is set; formcast runs experts for llama, {', '.join(_MOE_ARCHS)} only")
         _moe(gf, cfg, arch, expert_count)
-    elif arch in ("qwen2moe", "qwen3moe"):
+    elif arch in _MOE_ARCHS:
         raise ModelLoadError(f"{gf.path}: metadata {arch}.expert_count is missing")
     if arch in _GEMMA_27B_LAYERS:
         _gemma(gf, cfg, arch)
@@ -60,9 +62,9 @@ def _moe(gf: Any, cfg: dict[str, Any], arch: str, expert_count: int) -> None:
         raise ModelLoadError(f"{gf.path}: metadata {arch}.expert_used_count is missing")
     norm = gf.get("expert_weights_norm")
     cfg.update(num_experts=expert_count, num_experts_per_tok=int(used),
-               norm_topk_prob=bool(norm) if norm is not None else arch != "qwen2moe")  # fmt: skip
+               norm_topk_prob=bool(norm) if norm is not None else arch not in ("qwen2moe", "olmoe"))  # fmt: skip
     width = gf.get("expert_feed_forward_length")
-    if arch == "llama":  # Mixtral: intermediate_size is the experts' width
+    if arch in ("llama", "olmoe"):  # Mixtral, OLMoE: intermediate_size is the experts' width
         if width:
             cfg["intermediate_size"] = int(width)
         return

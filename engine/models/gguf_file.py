@@ -55,6 +55,7 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "gemma2": GGUFArchitecture("Gemma2ForCausalLM", rope_interleaved=False),
     "gemma3": GGUFArchitecture("Gemma3ForCausalLM", rope_interleaved=False),
     "phi3": GGUFArchitecture("Phi3ForCausalLM", rope_interleaved=False),
+    "olmoe": GGUFArchitecture("OlmoeForCausalLM", rope_interleaved=False),
 }
 
 
