@@ -39,34 +39,37 @@ def test_grad_mode_and_half_use_torch():
         assert not cpu_linear.uses_compiled_loop(x, w.t())  # not contiguous
 
 
-# --- bit-exact batch invariance: a row's output alone equals its output beside other rows, split
-# across threads or not (``cpu_threads.run_rows`` splits output rows only, never a reduction)
+# --- bit-exact batch invariance: a row's output alone equals its output beside other rows, on
+# every numba thread or on one (``prange`` splits the loops over blocks of output rows, never over
+# a reduction)
 
 
-def split_all(monkeypatch, split: bool) -> None:
-    """Every product split across three threads (``split``), or none run off the calling thread."""
-    from engine.layers import cpu_threads
+@pytest.fixture
+def split_all():
+    """split_all(True): the loops' blocks spread over every numba thread; (False): all on one."""
+    import numba
 
-    monkeypatch.setattr(cpu_threads, "PARALLEL_MIN_MACS", 0 if split else 1 << 62)
-    monkeypatch.setattr(cpu_threads, "threads", lambda: 3 if split else 1)
+    before = numba.get_num_threads()
+    yield lambda split: numba.set_num_threads(numba.config.NUMBA_NUM_THREADS if split else 1)
+    numba.set_num_threads(before)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_linear_rows_do_not_depend_on_their_batch_or_split(monkeypatch, dtype):
+def test_linear_rows_do_not_depend_on_their_batch_or_split(split_all, dtype):
     g = torch.Generator().manual_seed(7)
     x = torch.randn(9, 203, generator=g)  # odd widths: vector remainders on every row
     w = torch.randn(301, 203, generator=g).to(dtype)
     with torch.inference_mode():
-        split_all(monkeypatch, True)
+        split_all(True)
         together = cpu_linear.linear(x, w)
-        split_all(monkeypatch, False)
+        split_all(False)
         assert torch.equal(cpu_linear.linear(x, w), together), "the split changed bits"
         for m in (0, 4, 8):
             assert torch.equal(cpu_linear.linear(x[m : m + 1].clone(), w)[0], together[m]), f"row {m}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_moe_tokens_do_not_depend_on_their_batch_or_split(monkeypatch, dtype):
+def test_moe_tokens_do_not_depend_on_their_batch_or_split(split_all, dtype):
     from engine.layers import cpu_moe
 
     g = torch.Generator().manual_seed(8)
@@ -77,9 +80,9 @@ def test_moe_tokens_do_not_depend_on_their_batch_or_split(monkeypatch, dtype):
     ids = torch.stack([torch.randperm(experts, generator=g)[:2] for _ in range(tokens)])
     weights = torch.rand(tokens, 2, generator=g)
     with torch.inference_mode():
-        split_all(monkeypatch, True)
+        split_all(True)
         together = cpu_moe.moe_experts(x, gate_up, down, ids, weights, "silu")
-        split_all(monkeypatch, False)
+        split_all(False)
         assert torch.equal(cpu_moe.moe_experts(x, gate_up, down, ids, weights, "silu"), together), "the split changed bits"
         for t in (0, 5):
             alone = cpu_moe.moe_experts(x[t : t + 1].clone(), gate_up, down, ids[t : t + 1].clone(), weights[t : t + 1].clone(), "silu")

@@ -315,7 +315,7 @@ def test_no_request_compiles_a_cpu_kernel_after_ready():
 
     with Engine(dtype="float32", max_total_tokens=500, num_threads=1) as eng:
         cfg = eng.runner.model_config
-        kernels = [cpu_linear._rows_f32, cpu_decode_attention.kernel_for(cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, False).compiled]
+        kernels = [cpu_linear._linear_f32, cpu_decode_attention.kernel_for(cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, False)]
         ready = [list(k.signatures) for k in kernels]
         assert all(ready), "compiled or loaded before ready"
         out = eng.generate("The capital of France is", {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True})

@@ -5,10 +5,8 @@ For each (request, KV head, chunk of up to ``LANES`` query heads sharing that KV
 computes the scores of its queries against the request's keys (located through the request's
 slot list), a softmax per head, and the weighted sum of values. The query heads are carried in
 named accumulators so that one read of a key row serves all of them and the inner loops over
-``head_dim`` vectorize. Tasks release the GIL, so the grammar's mask worker runs meanwhile; a
-large call's tasks are split across threads by ``cpu_threads.run_rows`` (no ``prange`` barrier).
-One compiled function computes every task whoever runs it, so a row's bits do not depend on the
-split or on the other rows of the batch.
+``head_dim`` vectorize. Tasks run in parallel across numba's threads
+and release the GIL, so the grammar's mask worker runs meanwhile.
 
 Measured on the 2-core box (BENCHMARKS.md, ModelRunner section): against gathering K/V with
 ``index_select`` then ``scaled_dot_product_attention`` per length group, this reads about a third
@@ -22,9 +20,8 @@ import math
 import numpy as np
 
 try:  # numba is a dependency; keep the engine importable (torch path) if its install is broken
-    from numba import njit
+    from numba import njit, prange
 
-    from .cpu_threads import run_rows
     from .ggml_quants import round_half
 except ImportError:  # pragma: no cover
     njit = None
@@ -44,13 +41,16 @@ def _build(dim: int, lanes: int, bf16: bool, f16_probs: bool = False):  # type: 
     fold away, and a bfloat16 row is widened to float32 (the top half of its bits) in a small
     buffer as it is read, so the cache is read at half the bytes."""
 
-    @njit(fastmath=True, nogil=True, cache=True, boundscheck=False)
-    def tasks(t0, t1, q, k_rows, v_rows, kv_index, kv_start, kv_len, out, scale, num_kv_heads):  # pragma: no cover - compiled
-        """Tasks [t0, t1) of (row, KV head, chunk of query heads); see ``paged_decode_attention``."""
-        heads = q.shape[1]
+    @njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
+    def paged_decode_attention(q, k_rows, v_rows, kv_index, kv_start, kv_len, out, scale, num_kv_heads):  # pragma: no cover - compiled
+        """q [B, H, D] float32; k_rows / v_rows [slots * num_kv_heads, D] (the pool of one layer,
+        float32, or bfloat16 bits as uint16);
+        row ``b`` attends to slots ``kv_index[kv_start[b] : kv_start[b] + kv_len[b]]``; writes
+        out [B, H, D]."""
+        batch, heads, _ = q.shape
         group = heads // num_kv_heads
         chunks = (group + lanes - 1) // lanes
-        for task in range(t0, t1):
+        for task in prange(batch * num_kv_heads * chunks):
             b = task // (num_kv_heads * chunks)
             rest = task - b * num_kv_heads * chunks
             h = rest // chunks
@@ -127,17 +127,6 @@ def _build(dim: int, lanes: int, bf16: bool, f16_probs: bool = False):  # type: 
                 for d in range(dim):
                     out[b, first + i, d] = o[i, d] * inv
 
-    def paged_decode_attention(q, k_rows, v_rows, kv_index, kv_start, kv_len, out, scale, num_kv_heads):  # type: ignore[no-untyped-def]
-        """q [B, H, D] float32; k_rows / v_rows [slots * num_kv_heads, D] (the pool of one layer,
-        float32, or bfloat16 bits as uint16);
-        row ``b`` attends to slots ``kv_index[kv_start[b] : kv_start[b] + kv_len[b]]``; writes
-        out [B, H, D]."""
-        batch, heads, _ = q.shape
-        count = batch * num_kv_heads * ((heads // num_kv_heads + lanes - 1) // lanes)
-        macs = 2 * int(kv_len.sum()) * heads * dim  # scores and the weighted sum
-        run_rows(lambda t0, t1: tasks(t0, t1, q, k_rows, v_rows, kv_index, kv_start, kv_len, out, scale, num_kv_heads), count, macs, min_chunk=1)
-
-    paged_decode_attention.compiled = tasks  # type: ignore[attr-defined]  # the numba dispatcher (its signatures)
     return paged_decode_attention
 
 
@@ -172,7 +161,7 @@ def kernel_for(head_dim: int, group: int, bf16: bool = False, f16_probs: bool = 
 
 
 def set_threads(n: int) -> None:
-    """Use ``n`` threads (at most numba's pool) for the CPU kernels' split (``cpu_threads.run_rows``)."""
+    """Use ``n`` threads (at most numba's pool) for the kernel's parallel loop."""
     if njit is not None:
         import numba
 

@@ -6,9 +6,8 @@ CPU GEMM does that well for one float32 row, but from two rows on it packs the w
 bfloat16 (on CPUs without bfloat16 arithmetic, such as AVX2 ones) it runs one matrix-vector
 product per row, so the cost grows with the rows. This loop reads each weight row once, widens a
 bfloat16 row to float32 in a small buffer, and multiplies it by every activation row while it
-sits in L1. The GIL is released, so the grammar's mask worker runs meanwhile; a large product's
-output rows are split across threads by ``cpu_threads.run_rows`` (no ``prange`` barrier), and an
-output row's bits do not depend on the split or on the other rows of the batch.
+sits in L1. Output rows are split across numba's threads and the GIL is released, so the
+grammar's mask worker runs meanwhile.
 
 Measured on the 2-core AMD EPYC box (one run, another job on the machine), ms per call:
 
@@ -33,11 +32,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .cpu_threads import run_rows
 from .ggml_quants import is_quantized
 
 try:  # numba is a dependency; keep the engine importable (torch path) if its install is broken
-    from numba import njit
+    from numba import njit, prange
 except ImportError:  # pragma: no cover
     njit = None
 
@@ -46,45 +44,40 @@ MAX_ROWS_F32 = 64  # float32 activation rows up to which the loop replaces torch
 # how many rows share its forward (a cached prefix changes a prompt's last chunk; see
 # ``uses_compiled_loop``).
 ROW_INVARIANT_DTYPES = (torch.bfloat16,)
+_BLOCK = 64  # output rows per parallel task (one widening buffer each)
 
 if njit is not None:
 
-    @njit(fastmath=True, nogil=True, cache=True, boundscheck=False)
-    def _rows_f32(n0, n1, x, w, out):  # pragma: no cover - compiled
-        """out[m, n] = x[m, :] . w[n, :] for the output rows n in [n0, n1); x [M, K] float32, w [N, K] float32."""
+    @njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
+    def _linear_f32(x, w, out):  # pragma: no cover - compiled
+        """out[m, n] = x[m, :] . w[n, :]; x [M, K] float32, w [N, K] float32."""
         rows, k_dim = x.shape
-        for n in range(n0, n1):
-            for m in range(rows):
-                acc = np.float32(0.0)
-                for k in range(k_dim):
-                    acc += x[m, k] * w[n, k]
-                out[m, n] = acc
+        n_out = w.shape[0]
+        for blk in prange((n_out + _BLOCK - 1) // _BLOCK):
+            for n in range(blk * _BLOCK, min(n_out, blk * _BLOCK + _BLOCK)):
+                for m in range(rows):
+                    acc = np.float32(0.0)
+                    for k in range(k_dim):
+                        acc += x[m, k] * w[n, k]
+                    out[m, n] = acc
 
-    @njit(fastmath=True, nogil=True, cache=True, boundscheck=False)
-    def _rows_bf16(n0, n1, x, w_bits, out):  # pragma: no cover - compiled
-        """As ``_rows_f32`` with w [N, K] as bfloat16 bits (uint16): each row is widened to
+    @njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
+    def _linear_bf16(x, w_bits, out):  # pragma: no cover - compiled
+        """As ``_linear_f32`` with w [N, K] as bfloat16 bits (uint16): each row is widened to
         float32 (its bits are the top half of a float32) once, then used for every row of x."""
         rows, k_dim = x.shape
-        row = np.empty(k_dim, dtype=np.float32)
-        bits = row.view(np.uint32)
-        for n in range(n0, n1):
-            for k in range(k_dim):
-                bits[k] = np.uint32(w_bits[n, k]) << np.uint32(16)
-            for m in range(rows):
-                acc = np.float32(0.0)
+        n_out = w_bits.shape[0]
+        for blk in prange((n_out + _BLOCK - 1) // _BLOCK):
+            row = np.empty(k_dim, dtype=np.float32)
+            bits = row.view(np.uint32)
+            for n in range(blk * _BLOCK, min(n_out, blk * _BLOCK + _BLOCK)):
                 for k in range(k_dim):
-                    acc += x[m, k] * row[k]
-                out[m, n] = acc
-
-
-def _linear_f32(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    """out = x @ w.T (float32), output rows split across threads by ``cpu_threads.run_rows``."""
-    run_rows(lambda n0, n1: _rows_f32(n0, n1, x, w, out), w.shape[0], x.shape[0] * w.size)
-
-
-def _linear_bf16(x: np.ndarray, w_bits: np.ndarray, out: np.ndarray) -> None:
-    """As ``_linear_f32`` with the weight as bfloat16 bits."""
-    run_rows(lambda n0, n1: _rows_bf16(n0, n1, x, w_bits, out), w_bits.shape[0], x.shape[0] * w_bits.size)
+                    bits[k] = np.uint32(w_bits[n, k]) << np.uint32(16)
+                for m in range(rows):
+                    acc = np.float32(0.0)
+                    for k in range(k_dim):
+                        acc += x[m, k] * row[k]
+                    out[m, n] = acc
 
 
 def uses_compiled_loop(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -1,15 +1,14 @@
 """A mixture-of-experts layer's chosen experts on the CPU as two compiled loops (numba), for
 decode-sized batches.
 
-Per-expert ``cpu_linear`` calls cost two loops and a dozen small torch ops for every chosen expert
-of every layer: at batch 1 with 8 chosen experts, 16 thread splits per layer, which on a busy
-machine made the MoE step cost three times a dense model of its active size. Here the (token,
-choice) pairs are grouped by expert (``group_pairs``) and one loop runs every group's gate/up rows
-(the activation applied in the loop), a second every group's down rows (scaled by the router
-weight), each over (group, block of output rows) tasks, so each chosen expert's weights are read
-once per step and the tasks are split across threads (``cpu_threads.run_rows``: no ``prange``
-barrier; a task's bits do not depend on the split) at most twice per layer. The k contributions of
-each token are summed in torch afterwards.
+Per-expert ``cpu_linear`` calls cost two parallel loops and a dozen small torch ops for every
+chosen expert of every layer: at batch 1 with 8 chosen experts, 16 thread fork/joins per layer,
+which on a busy machine made the MoE step cost three times a dense model of its active size. Here
+the (token, choice) pairs are grouped by expert (``group_pairs``) and one parallel loop runs every
+group's gate/up rows (the activation applied in the loop), a second every group's down rows
+(scaled by the router weight), each over (group, block of output rows) tasks, so each chosen
+expert's weights are read once per step and the threads fork twice per layer. The k
+contributions of each token are summed in torch afterwards.
 
 Float32 accumulation and activation (SiLU or GELU-tanh); weights float32 or bfloat16 (rows
 widened as ``cpu_linear`` does). ``available(x, weight)`` says when the layer should use it: at
@@ -22,9 +21,9 @@ import numpy as np
 import torch
 
 from .cpu_linear import MAX_ROWS_F32, njit
-from .cpu_threads import run_rows
 
-_BLOCK = 32  # output rows per task
+_BLOCK = 32  # output rows per parallel task
+
 
 
 def _widen(w_row, buf):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled, see the overload
@@ -33,7 +32,7 @@ def _widen(w_row, buf):  # type: ignore[no-untyped-def]  # pragma: no cover - co
 
 
 if njit is not None:
-    from numba import types
+    from numba import prange, types
     from numba.extending import overload
 
     @overload(_widen, inline="always")
@@ -53,12 +52,14 @@ if njit is not None:
 
         return copy
 
-    @njit(fastmath=True, nogil=True, cache=True, boundscheck=False)
-    def _gate_up_tasks(t0, t1, x, w, tokens, starts, experts, inter, gelu, h):  # pragma: no cover - compiled
-        """Tasks [t0, t1) of (group, block of output rows) of ``_gate_up``."""
+    @njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
+    def _gate_up(x, w, tokens, starts, experts, inter, gelu, h):  # pragma: no cover - compiled
+        """h[p, n] = act(x[tokens[p]] . w[e, n]) * (x[tokens[p]] . w[e, inter + n]) for the pairs
+        p of each group (starts[g]:starts[g+1], expert experts[g]); w [E, 2I, H]."""
+        groups = experts.shape[0]
         blocks = (inter + _BLOCK - 1) // _BLOCK
         hidden = x.shape[1]
-        for task in range(t0, t1):
+        for task in prange(groups * blocks):
             g, blk = task // blocks, task % blocks
             e = experts[g]
             gate_row = np.empty(hidden, dtype=np.float32)
@@ -79,12 +80,13 @@ if njit is not None:
                         act = a / (np.float32(1.0) + np.exp(-a))
                     h[p, n] = act * b
 
-    @njit(fastmath=True, nogil=True, cache=True, boundscheck=False)
-    def _down_tasks(t0, t1, h, w, scale, starts, experts, out):  # pragma: no cover - compiled
-        """Tasks [t0, t1) of (group, block of output rows) of ``_down``."""
+    @njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
+    def _down(h, w, scale, starts, experts, out):  # pragma: no cover - compiled
+        """out[p, n] = scale[p] * (h[p] . w[e, n]) for the pairs of each group; w [E, H, I]."""
+        groups = experts.shape[0]
         hidden, inter = w.shape[1], w.shape[2]
         blocks = (hidden + _BLOCK - 1) // _BLOCK
-        for task in range(t0, t1):
+        for task in prange(groups * blocks):
             g, blk = task // blocks, task % blocks
             e = experts[g]
             row = np.empty(inter, dtype=np.float32)
@@ -95,21 +97,6 @@ if njit is not None:
                     for k in range(inter):
                         acc += h[p, k] * row[k]
                     out[p, n] = acc * scale[p]
-
-
-def _gate_up(x, w, tokens, starts, experts, inter, gelu, h):  # type: ignore[no-untyped-def]
-    """h[p, n] = act(x[tokens[p]] . w[e, n]) * (x[tokens[p]] . w[e, inter + n]) for the pairs
-    p of each group (starts[g]:starts[g+1], expert experts[g]); w [E, 2I, H]."""
-    count = experts.shape[0] * ((inter + _BLOCK - 1) // _BLOCK)
-    macs = 2 * tokens.shape[0] * inter * x.shape[1]
-    run_rows(lambda t0, t1: _gate_up_tasks(t0, t1, x, w, tokens, starts, experts, inter, gelu, h), count, macs, min_chunk=1)
-
-
-def _down(h, w, scale, starts, experts, out):  # type: ignore[no-untyped-def]
-    """out[p, n] = scale[p] * (h[p] . w[e, n]) for the pairs of each group; w [E, H, I]."""
-    count = experts.shape[0] * ((w.shape[1] + _BLOCK - 1) // _BLOCK)
-    macs = h.shape[0] * w.shape[1] * w.shape[2]
-    run_rows(lambda t0, t1: _down_tasks(t0, t1, h, w, scale, starts, experts, out), count, macs, min_chunk=1)
 
 
 def available(x: torch.Tensor, weight: torch.Tensor) -> bool:
