@@ -42,6 +42,7 @@ from grammar.token_masks import vocabulary_masks
 from ..constrained.grammar_backend import GrammarBackend
 from ..errors import PromptError  # defined with the other field errors; imported from here too
 from ..layers import cpu_kernel_warmup
+from ..layers.attention import set_row_invariant_prefill
 from ..managers.detokenizer import Detokenizer, TokenTexts
 from ..managers.io_struct import BatchTokenIDOutput, ReqStrOutput
 from ..managers.req import Req
@@ -66,6 +67,7 @@ class Engine:
         kernels = jit_warmup.start()
         if kernels.procs:  # a progress line at once: the model load that follows says nothing
             print("formcast: first start after install: compiling kernels (once) while the model loads...", file=sys.stderr, flush=True)
+        set_row_invariant_prefill(args.enable_deterministic_inference)
         self.runner = ModelRunner(
             args.model_path,
             dtype=args.dtype,

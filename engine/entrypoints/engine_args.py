@@ -33,6 +33,11 @@ class EngineArgs:
     decode_prefill_budget: int | None = None
     enable_prefix_cache: bool = True
     enable_jump_forward: bool = True
+    # bfloat16 on the CPU: every prompt row computed alone (the compiled linear loop at every row
+    # count, each query through the paged attention kernel), so a cached prefix never changes a
+    # greedy output. Costs about 2x the prefill time (512 tokens: 1.3 -> 2.5 s). Process-wide:
+    # the switch is the layers' (the last Engine created sets it).
+    enable_deterministic_inference: bool = False
     reasoning_end: str | None = None  # e.g. "</think>": the constraint applies after it
     # A reasoning model's syntax by name (qwen3, deepseek-r1: <think>...</think>); sets reasoning_end.
     reasoning_parser: str | None = None

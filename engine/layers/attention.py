@@ -25,9 +25,11 @@ equal once groups stopped padding). Prefill rows keep causal SDPA, except with a
 ``EVERY_QUERY_DECODE_LIKE`` (bfloat16) on the CPU's paged kernel: there every query, prefill
 included, attends alone (consecutive queries of a row share one run of slots), so a prompt's
 last rows computed after a cached prefix equal the same rows of a whole prefill (bfloat16 argmax
-ties flip at the difference; float32 moves by ~1e-6 and keeps SDPA's speed). The linear layers
-are row-invariant while a forward multiplies at most ``cpu_linear.MAX_ROWS_F32`` rows (the
-compiled loop), and at every row count for bfloat16 weights; beyond that torch's GEMM may round
+ties flip at the difference; float32 moves by ~1e-6 and keeps SDPA's speed). That costs about
+twice the prefill time, so it is opt-in (``set_row_invariant_prefill``, the Engine's
+``enable_deterministic_inference``). The linear layers are row-invariant while a forward
+multiplies at most ``cpu_linear.MAX_ROWS_F32`` rows (the compiled loop), and at every row count
+for bfloat16 weights when that is on; beyond that torch's GEMM may round
 a float32 row differently, so float32 bit-identity across forward shapes holds for forwards of
 at most that many tokens (what the tests check).
 
@@ -65,7 +67,7 @@ import torch.nn.functional as F
 
 from kernels import PagedRows, paged_decode_attention
 
-from . import cpu_decode_attention
+from . import cpu_decode_attention, cpu_linear
 
 from ..forward.forward_batch import ForwardBatch
 
@@ -76,7 +78,16 @@ MAX_DECODE_GROUPS = 8
 MAX_DECODE_LIKE_QUERIES = 64
 # Cache dtypes whose every query, prefill included, attends alone through the CPU's paged kernel
 # (see the module docstring: row invariance of prefill).
-EVERY_QUERY_DECODE_LIKE = (torch.bfloat16,)
+EVERY_QUERY_DECODE_LIKE: tuple[torch.dtype, ...] = ()  # (torch.bfloat16,) with set_row_invariant_prefill
+
+
+def set_row_invariant_prefill(enabled: bool) -> None:
+    """bfloat16 prompt rows computed alone in attention and in the linear layers (the Engine's
+    ``enable_deterministic_inference``): row invariance of prefill at about twice its time."""
+    global EVERY_QUERY_DECODE_LIKE
+    dtypes = (torch.bfloat16,) if enabled else ()
+    EVERY_QUERY_DECODE_LIKE = dtypes
+    cpu_linear.ROW_INVARIANT_DTYPES = dtypes
 
 
 @dataclass

@@ -19,9 +19,11 @@ Measured on the 2-core AMD EPYC box (one run, another job on the machine), ms pe
 | 14 MB bfloat16 | 8 / 64 / 256 | 8.5 / 67 / 272 | 2.9 / 21 / 90 |
 
 So float32 uses the loop up to ``MAX_ROWS_F32`` rows (beyond, torch's blocked GEMM has the reuse
-to win). bfloat16 (``ROW_INVARIANT_DTYPES``) uses it at every row count: a row's result must not
-depend on how many rows share its forward, or a cached prefix (which shortens a prompt's last
-chunk) changes greedy outputs; at 256 rows the loop also beats torch's own bfloat16 GEMM (table).
+to win), and so does bfloat16 by default. With ``ROW_INVARIANT_DTYPES`` (bfloat16, when the
+Engine's ``enable_deterministic_inference`` is on) the loop runs at every row count: a row's
+result then never depends on how many rows share its forward, so a cached prefix (which shortens
+a prompt's last chunk) never changes a greedy output; a long prefill then takes longer (the loop
+does not reuse a weight tile across rows as GEMM does: 512-token SmolLM2 prefill +70%).
 Without the loop (no numba, a non-contiguous weight), bfloat16 weights are widened to float32
 for torch's GEMM.
 """
@@ -43,7 +45,7 @@ MAX_ROWS_F32 = 64  # float32 activation rows up to which the loop replaces torch
 # Weight dtypes multiplied by the loop at every row count: a row's result then never depends on
 # how many rows share its forward (a cached prefix changes a prompt's last chunk; see
 # ``uses_compiled_loop``).
-ROW_INVARIANT_DTYPES = (torch.bfloat16,)
+ROW_INVARIANT_DTYPES: tuple[torch.dtype, ...] = ()  # (torch.bfloat16,) with set_row_invariant_prefill
 _BLOCK = 64  # output rows per parallel task (one widening buffer each)
 
 if njit is not None:
@@ -81,10 +83,10 @@ if njit is not None:
 
 
 def uses_compiled_loop(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """The loop for up to ``MAX_ROWS_F32`` rows, and for every row count of a bfloat16 weight: a
-    bfloat16 model's greedy tokens flip at the rounding differences between the loop and GEMM, so
-    a prompt whose last rows were computed after a cached prefix (a few rows: the loop) would
-    continue differently from the same prompt prefilled whole (many rows: GEMM)."""
+    """The loop for up to ``MAX_ROWS_F32`` rows, and for every row count of a weight dtype in
+    ``ROW_INVARIANT_DTYPES``: a bfloat16 model's greedy tokens flip at the rounding differences
+    between the loop and GEMM, so a prompt whose last rows were computed after a cached prefix (a
+    few rows: the loop) may continue differently from the same prompt prefilled whole (GEMM)."""
     rows_ok = 0 < x.shape[0] <= MAX_ROWS_F32 or (x.shape[0] > 0 and weight.dtype in ROW_INVARIANT_DTYPES)
     return (
         njit is not None and x.device.type == "cpu" and x.dim() == 2 and rows_ok
