@@ -84,9 +84,7 @@ class Drafter:
 
     def start(self, req: Req, budget: int) -> DraftState:
         jumps = jumps_forward(req, self.jump_forward) and self.tokenizer is not None
-        state = DraftState(req, budget, jumps, self.tokenizer, self.texts)
-        state.forced_after_free = self.forced_after_free
-        return state
+        return DraftState(req, budget, jumps, self.tokenizer, self.texts, self.forced_after_free)
 
     def extend(self, state: DraftState) -> None:  # pragma: no cover - overridden by model-free drafters
         raise NotImplementedError
@@ -102,15 +100,15 @@ class DraftState:
     """A draft under construction: its tokens, which of them are forced, and a copy of the
     request's matcher advanced past them (None when no grammar applies)."""
 
-    def __init__(self, req: Req, budget: int, jumps: bool, tokenizer, texts) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, req: Req, budget: int, jumps: bool, tokenizer, texts, forced_after_free: bool = True) -> None:  # type: ignore[no-untyped-def]
         self.req, self.budget, self.jumps = req, budget, jumps
+        self.forced_after_free = forced_after_free  # the drafter's setting (Drafter.forced_after_free)
         self.cap = draft_cap(req, budget)
         self.tokenizer, self.texts = tokenizer, texts
         self.tokens: list[int] = []
         self.forced: list[bool] = []
         self.matcher: GrammarMatcher | None = req.grammar.copy() if req.grammar is not None and req.grammar_applies else None
         self.ended = False  # the grammar terminated, or refused a proposed token's successor
-        self.forced_after_free = True
 
     @property
     def full(self) -> bool:
