@@ -64,8 +64,9 @@ def test_linear_rows_do_not_depend_on_their_batch_or_split(split_all, dtype):
         together = cpu_linear.linear(x, w)
         split_all(False)
         assert torch.equal(cpu_linear.linear(x, w), together), "the split changed bits"
-        for m in (0, 4, 8):
+        for m in (0, 3, 4, 8):  # in the first four-row group, its last row, the second group, the remainder
             assert torch.equal(cpu_linear.linear(x[m : m + 1].clone(), w)[0], together[m]), f"row {m}"
+        assert torch.equal(cpu_linear.linear(x[3:8].clone(), w), together[3:8]), "rows 3-7 regrouped"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -87,3 +88,24 @@ def test_moe_tokens_do_not_depend_on_their_batch_or_split(split_all, dtype):
         for t in (0, 5):
             alone = cpu_moe.moe_experts(x[t : t + 1].clone(), gate_up, down, ids[t : t + 1].clone(), weights[t : t + 1].clone(), "silu")
             assert torch.equal(alone[0], together[t]), f"token {t}"
+
+
+@pytest.mark.parametrize("agree", [True, False])
+def test_four_row_groups_only_where_they_agree(monkeypatch, agree):
+    """The loop groups rows four at a time only where ``rows_agree`` found that the grouping keeps
+    every row's bits; otherwise each row runs alone, with the same results."""
+    import numpy as np
+
+    seen = []
+    kernel = cpu_linear._linear_f32
+    monkeypatch.setattr(cpu_linear, "_ROWS_AGREE", {False: agree, True: agree})
+    monkeypatch.setattr(cpu_linear, "_linear_f32", lambda x, w, out, grouped: (seen.append(grouped), kernel(x, w, out, grouped)))
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(6, 203, generator=g), torch.randn(70, 203, generator=g)
+    with torch.inference_mode():
+        got = cpu_linear.linear(x, w)
+        cpu_linear.linear(x[:3].clone(), w)
+    assert seen == [agree, False]  # three rows never group
+    want = np.empty((6, 70), np.float32)
+    kernel(x.numpy(), w.numpy(), want, False)
+    assert torch.equal(got, torch.from_numpy(want))

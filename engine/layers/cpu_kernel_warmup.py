@@ -23,12 +23,7 @@ def warm_up(weight_dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int,
     """Run the linear loop for ``weight_dtype`` weights and the decode attention for the model's
     head geometry over a ``kv_dtype`` cache (each only where a forward would use it)."""
     if cpu_linear.njit is not None and weight_dtype in (torch.float32, torch.bfloat16):
-        x = np.ones((1, 8), np.float32)
-        out = np.empty((1, 4), np.float32)
-        if weight_dtype == torch.float32:
-            cpu_linear._linear_f32(x, np.ones((4, 8), np.float32), out)
-        else:
-            cpu_linear._linear_bf16(x, np.zeros((4, 8), np.uint16), out)
+        cpu_linear.rows_agree(weight_dtype == torch.bfloat16)  # runs the loop on forward-typed arrays
     if cpu_decode_attention.available() and kv_dtype in (torch.float32, torch.bfloat16) and heads % kv_heads == 0:
         bf16 = kv_dtype == torch.bfloat16
         q = np.zeros((1, heads, head_dim), np.float32)
