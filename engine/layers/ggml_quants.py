@@ -211,15 +211,51 @@ def _mm_q5(n0, n1, off, qs, qh, wd, wm, xlo, xhi, xs, out):  # pragma: no cover 
 def _mm_codes(n0, n1, shift, q, scale, mins, x, xsum, out):  # pragma: no cover - compiled
     """Output rows [n0, n1) of Q8_0 (``shift`` 5, no minimum) and the K-quants, whose codes are
     kept as int8 [N, K]: code * scale of its (1 << shift)-element sub-block * x, minus each
-    sub-block's minimum times the activation's sum over that sub-block (``xsum``)."""
+    sub-block's minimum times the activation's sum over that sub-block (``xsum``).
+
+    Unlike the nibble loops, a flat loop here reads the scale per element (``k >> shift``), which
+    LLVM turns into gathers: 3.5-4x slower than summing into a small array of lanes, four
+    sub-blocks per step, each sub-block's products scaled once (32 lanes for 32-element
+    sub-blocks, 16 for Q6_K's 16). The lanes are summed at the end of the row."""
     k_dim = q.shape[1]
     m_rows = x.shape[0]
     groups = mins.shape[1]
+    lanes = np.empty(32, np.float32)
     for n in range(n0, n1):
         for r in range(m_rows):
+            lanes[:] = 0
+            if shift == 5:
+                k = 0
+                while k + 128 <= k_dim:
+                    s0 = scale[n, k >> 5]
+                    s1 = scale[n, (k >> 5) + 1]
+                    s2 = scale[n, (k >> 5) + 2]
+                    s3 = scale[n, (k >> 5) + 3]
+                    for j in range(32):
+                        lanes[j] += (
+                            (np.float32(q[n, k + j]) * x[r, k + j] * s0 + np.float32(q[n, k + 32 + j]) * x[r, k + 32 + j] * s1)
+                            + (np.float32(q[n, k + 64 + j]) * x[r, k + 64 + j] * s2 + np.float32(q[n, k + 96 + j]) * x[r, k + 96 + j] * s3)
+                        )  # fmt: skip
+                    k += 128
+                while k < k_dim:
+                    s0 = scale[n, k >> 5]
+                    for j in range(32):
+                        lanes[j] += np.float32(q[n, k + j]) * x[r, k + j] * s0
+                    k += 32
+            else:  # 16-element sub-blocks; K is a multiple of 256
+                for k in range(0, k_dim, 64):
+                    s0 = scale[n, k >> shift]
+                    s1 = scale[n, (k + 16) >> shift]
+                    s2 = scale[n, (k + 32) >> shift]
+                    s3 = scale[n, (k + 48) >> shift]
+                    for j in range(16):
+                        lanes[j] += (
+                            (np.float32(q[n, k + j]) * x[r, k + j] * s0 + np.float32(q[n, k + 16 + j]) * x[r, k + 16 + j] * s1)
+                            + (np.float32(q[n, k + 32 + j]) * x[r, k + 32 + j] * s2 + np.float32(q[n, k + 48 + j]) * x[r, k + 48 + j] * s3)
+                        )  # fmt: skip
             acc = np.float32(0.0)
-            for k in range(k_dim):
-                acc += np.float32(q[n, k]) * scale[n, k >> shift] * x[r, k]
+            for j in range(32):
+                acc += lanes[j]
             for g in range(groups):
                 acc -= mins[n, g] * xsum[r, g]
             out[r, n] = acc
