@@ -43,8 +43,12 @@ class ReferenceWalk:
 
     def row(self, automaton, state: int) -> np.ndarray:
         """The packed int32 row the matcher must produce for ``state`` (EOS when accepting)."""
-        allowed = self.allowed(automaton, state)
+        return self.row_of(automaton, state, self.allowed(automaton, state))
+
+    def row_of(self, automaton, state: int, allowed: np.ndarray) -> np.ndarray:
+        """``row`` from ``allowed(automaton, state)`` already computed (left unchanged)."""
         if automaton.accepting[state]:
+            allowed = allowed.copy()
             allowed[self.eos] = True
         return pack_bool_mask(allowed)
 
@@ -59,11 +63,12 @@ def random_walk_check(compiled, vocab, rng, *, walks: int, steps: int, pick=None
         m = GrammarMatcher(compiled)
         for step in range(steps):
             state = m.state
-            expected = ref.row(compiled.automaton, state)
+            allowed = ref.allowed(compiled.automaton, state)  # once per state: the row and the next token's choices
+            expected = ref.row_of(compiled.automaton, state, allowed)
             got = compiled.token_mask(state)
             assert np.array_equal(got, expected), f"state {state} (step {step}): words {np.flatnonzero(got != expected)[:10]}"
             checked += 1
-            choices = [t for t in np.flatnonzero(ref.allowed(compiled.automaton, state))]
+            choices = [t for t in np.flatnonzero(allowed)]
             if not choices:
                 break
             assert m.accept_token(int(pick(vocab, choices, step, rng) if pick else rng.choice(choices)))

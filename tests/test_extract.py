@@ -1,11 +1,13 @@
-"""``formcast extract`` with the embedded SmolLM2: a 200-record JSON-schema job killed part way
+"""``formcast extract`` with the embedded SmolLM2: a 100-record JSON-schema job killed part way
 and rerun equals an uninterrupted run; failures (malformed lines, a prompt over the context, a
 refused schema, an incomplete output) come out as result lines with clear messages; the Python
 API; the Ray Data path on a local Ray instance gives the local runner's outputs.
 
 Kept short for a loaded 2-core machine: one-sentence records, a two-field schema, 24 new tokens,
 raw prompts (``--no-chat``: the chat template's system prompt tripled the prompt tokens and the
-job's time).
+job's time). 100 records (200 before issue 23): the engine runs up to 64 at once, so the job is
+still two waves, and the kill still lands after 40 results with a wave in flight; what grows
+with the record count is model time (the job runs three times), not what is checked.
 Everything is greedy, so a record's output does not depend on what runs beside it (the engine's
 batching invariance, ``test_engine.py``), which is what lets a resumed job equal an
 uninterrupted one.
@@ -41,12 +43,13 @@ SCHEMA = {
 }
 TEMPLATE = "Where and when did this happen? Answer as JSON. {text}"
 MALFORMED_LINE = 7  # the input's 7th line is not JSON
+RECORDS = 100  # plus the malformed line: RECORDS + 1 input lines
 ENGINE_FLAGS = ["--dtype", "float32", "--num-threads", "1", "--max-total-tokens", "12000", "--no-progress"]
 
 
 def _lines_of_input() -> list[str]:
     lines = []
-    for i in range(200):
+    for i in range(RECORDS):
         text = f"{NAMES[i % 13]} moved to {CITIES[(i * 7) % 11]} in {1900 + (i * 37) % 120}."
         lines.append(json.dumps({"id": f"r{i:03d}", "text": text}))
     lines.insert(MALFORMED_LINE - 1, '{"id": "r-bad", "text": "unterminated')
@@ -86,7 +89,7 @@ def job(tmp_path_factory):
     reference = folder / "reference.jsonl"
     proc = subprocess.run(_command(records, reference), cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 1, proc.stderr[-3000:]  # 1: the malformed line failed
-    assert "201 records" in proc.stderr and "malformed_line 1" in proc.stderr  # the summary
+    assert f"{RECORDS + 1} records" in proc.stderr and "malformed_line 1" in proc.stderr  # the summary
     return records, reference
 
 
@@ -94,12 +97,12 @@ def test_every_output_validates_or_carries_an_error(job):
     _, reference = job
     lines = _read(reference)
     by_id = _by_id(lines)
-    assert set(by_id) == {json.dumps(f"r{i:03d}") for i in range(200)} | {str(MALFORMED_LINE)}
+    assert set(by_id) == {json.dumps(f"r{i:03d}") for i in range(RECORDS)} | {str(MALFORMED_LINE)}
     bad = by_id[str(MALFORMED_LINE)]
     assert bad["line"] == MALFORMED_LINE and bad["value"] is None
     assert bad["error"]["type"] == FailureType.MALFORMED_LINE and bad["error"]["message"].startswith(f"line {MALFORMED_LINE}: not valid JSON")
     ok = [x for x in lines if x["error"] is None]
-    assert len(ok) >= 150, [x["error"] for x in lines if x["error"]][:5]  # a chatty model may run out of its 24 tokens
+    assert len(ok) >= 0.75 * RECORDS, [x["error"] for x in lines if x["error"]][:5]  # a chatty model may run out of its 24 tokens
     for x in lines:
         if x["error"] is None:
             _validate(x["text"])
@@ -109,7 +112,7 @@ def test_every_output_validates_or_carries_an_error(job):
             assert x["value"] is None and x["error"]["type"] in (FailureType.MALFORMED_LINE, FailureType.INCOMPLETE)
             assert x["error"]["message"]
     lines_of = {x["id"]: x["line"] for x in lines}
-    assert lines_of["r000"] == 1 and lines_of["r006"] == MALFORMED_LINE + 1 and lines_of["r199"] == 201
+    assert lines_of["r000"] == 1 and lines_of["r006"] == MALFORMED_LINE + 1 and lines_of[f"r{RECORDS - 1:03d}"] == RECORDS + 1
 
 
 def test_killed_job_rerun_has_each_id_once_and_equals_an_uninterrupted_run(job, tmp_path):
@@ -126,7 +129,7 @@ def test_killed_job_rerun_has_each_id_once_and_equals_an_uninterrupted_run(job, 
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     partial = output.read_bytes()
-    assert 40 <= partial.count(b"\n") < 201
+    assert 40 <= partial.count(b"\n") < RECORDS + 1
     complete = partial[: partial.rfind(b"\n") + 1]
     _by_id([json.loads(x) for x in complete.decode("utf-8").splitlines()])  # no id twice, even when killed
 

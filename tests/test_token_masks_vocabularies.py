@@ -60,9 +60,21 @@ def _compile(kind, source, vocab):
 LEAN = {"regex": b" ]\n;=abc", "json_schema": b'",:{}[]abc1 ', "ebnf": b'[[[,1'}
 
 
+_lean_only: dict[tuple[str, bytes], np.ndarray] = {}
+
+
+def _made_of(vocab, lean: bytes) -> np.ndarray:
+    """bool [vocab]: tokens made of ``lean`` bytes only (once per vocabulary and byte set)."""
+    key = (vocab.fingerprint, lean)
+    if key not in _lean_only:
+        _lean_only[key] = np.array([all(b in lean for b in t) for t in vocab.token_bytes], dtype=bool)
+    return _lean_only[key]
+
+
 def _pick(vocab, choices: list[int], rng: random.Random, lean: bytes) -> int:
     """Random allowed tokens, most of the time one made of ``lean`` bytes only."""
-    structural = [t for t in choices if all(b in lean for b in vocab.token_bytes[t])]
+    made_of_lean = _made_of(vocab, lean)
+    structural = [t for t in choices if made_of_lean[t]]
     return rng.choice(structural if structural and rng.random() < 0.8 else choices)
 
 
