@@ -113,3 +113,46 @@ def test_triton_kernel_on_gpu(dtype) -> None:
 
             paged_decode_attention_triton(q, k, v, PagedRows(idx, start, n), got, dim**-0.5, split_size=split)  # dot on bf16
             assert torch.allclose(got.float(), ref, atol=1e-5 if dtype == torch.float32 else 3e-2)
+
+
+_CACHE_SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/tests")
+import numpy as np
+from engine.layers import cpu_decode_attention
+from test_decode_attention_kernel import make_case
+outs = []
+for bf16 in (False, True):
+    q, k, v, idx, start, n = make_case(9, 3, 64, [7, 100, 1000], seed=3)
+    k_rows, v_rows = k.view(-1, 64), v.view(-1, 64)
+    if bf16:
+        k_rows, v_rows = k_rows.bfloat16().view(torch.uint16), v_rows.bfloat16().view(torch.uint16)
+    out = np.empty(q.shape, np.float32)
+    cpu_decode_attention.kernel_for(64, 3, bf16)(q.numpy(), k_rows.numpy(), v_rows.numpy(), idx.numpy(), start.numpy(), n.numpy(),
+                                                  out, np.float32(0.125), 3)
+    outs.append(out)
+np.save(sys.argv[2], np.stack(outs))
+"""
+
+
+def test_the_first_process_computes_what_the_cache_loading_ones_do(tmp_path) -> None:
+    """On an empty numba cache the first process must give the bits every later process gets
+    from the cache: before, the compiling process ran another build of the parallel loop's body
+    (numba's own copy, summed in another order under fastmath) and its greedy outputs differed
+    from every later run's."""
+    from engine.layers import cpu_decode_attention
+
+    if not cpu_decode_attention.available():
+        pytest.skip("numba is not installed")
+    import numpy as np
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    script = "import torch\n" + _CACHE_SCRIPT
+    outs = []
+    for name in ("compiles", "loads"):
+        proc = subprocess.run([sys.executable, "-c", script, str(ROOT), str(tmp_path / f"{name}.npy")], env=env,
+                              capture_output=True, text=True, timeout=900)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs.append(np.load(tmp_path / f"{name}.npy"))
+    assert any((tmp_path / "numba").rglob("*.nbi")), "the first process wrote the cache"
+    assert np.array_equal(outs[0], outs[1]), f"max difference {np.abs(outs[0] - outs[1]).max()}"
