@@ -10,7 +10,8 @@ and release the GIL, so the grammar's mask worker runs meanwhile.
 
 Measured on the 2-core box (BENCHMARKS.md, ModelRunner section): against gathering K/V with
 ``index_select`` then ``scaled_dot_product_attention`` per length group, this reads about a third
-of the bytes. float32 and bfloat16 pools; float16 uses the torch path.
+of the bytes. float32 and bfloat16 pools; float16 uses the torch path. The scores may be
+soft-capped (Gemma 2), a compile-time variant: other models run the kernel without it.
 
 Every process runs the machine code of numba's on-disk cache, the first one after an install
 too (a child process compiles into the cache): a kernel compiled in the process that uses it
@@ -41,13 +42,19 @@ def available() -> bool:
     return njit is not None
 
 
-def _build(dim: int, lanes: int, bf16: bool, f16_probs: bool = False):  # type: ignore[no-untyped-def]
+def _build(  # type: ignore[no-untyped-def]
+    dim: int, lanes: int, bf16: bool, f16_probs: bool = False, softcap: float | None = None
+):
     """The kernel for ``head_dim == dim`` with ``lanes`` query heads per task, over a float32 or
     (``bf16``) bfloat16 cache; ``f16_probs``: the probabilities are normalized and rounded to
-    float16 before they weight V (llama.cpp's precision). All are compile-time constants: the inner loops over ``dim``
-    vectorize (measured 1.6x faster than a runtime trip count, at memory-copy speed), unused lanes
-    fold away, and a bfloat16 row is widened to float32 (the top half of its bits) in a small
-    buffer as it is read, so the cache is read at half the bytes."""
+    float16 before they weight V (llama.cpp's precision); ``softcap``: each score becomes
+    softcap * tanh(score / softcap) before the softmax (Gemma 2). All are compile-time
+    constants: the inner loops over ``dim`` vectorize (measured 1.6x faster than a runtime trip
+    count, at memory-copy speed), unused lanes and variants fold away, and a bfloat16 row is
+    widened to float32 (the top half of its bits) in a small buffer as it is read, so the cache
+    is read at half the bytes."""
+    capped = softcap is not None
+    cap = np.float32(softcap if capped else 1.0)
 
     @njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
     def paged_decode_attention(q, k_rows, v_rows, kv_index, kv_start, kv_len, out, scale, num_kv_heads):  # pragma: no cover - compiled
@@ -101,6 +108,9 @@ def _build(dim: int, lanes: int, bf16: bool, f16_probs: bool = False):  # type: 
                 s[3, j] = a3
             totals = np.ones(4, dtype=np.float32)
             for i in range(lanes):
+                if capped:
+                    for j in range(n):
+                        s[i, j] = np.float32(math.tanh(s[i, j] / cap)) * cap
                 # The softmax written here, not called: a shared compiled callee would be linked
                 # into every variant, and a process runs whichever copy it loaded first.
                 m = s[i, 0]
@@ -159,12 +169,15 @@ _CHILD = (
 )
 
 
-def kernel_for(head_dim: int, group: int, bf16: bool = False, f16_probs: bool = False):  # type: ignore[no-untyped-def]
+def kernel_for(  # type: ignore[no-untyped-def]
+    head_dim: int, group: int, bf16: bool = False, f16_probs: bool = False, softcap: float | None = None
+):
     """The compiled kernel for ``head_dim``, ``group`` query heads per KV head, the cache's
-    dtype and the probabilities' rounding, loaded from numba's on-disk cache (compiled into it
-    by a child process first when it is not there: see :func:`_load`). A bfloat16 cache is
+    dtype, the probabilities' rounding and the scores' soft cap (see :func:`_build`), loaded
+    from numba's on-disk cache (compiled into it by a child process first when it is not there:
+    see :func:`_load`). A bfloat16 cache is
     passed as its ``int16``/``uint16`` view; queries and output stay float32."""
-    key = (head_dim, min(group, LANES), bf16, f16_probs)
+    key = (head_dim, min(group, LANES), bf16, f16_probs, None if softcap is None else float(softcap))
     kernel = _KERNELS.get(key)
     if kernel is None:
         kernel = _KERNELS[key] = _build(*key)
@@ -213,9 +226,9 @@ def _in_cache(kernel, sig) -> bool:  # type: ignore[no-untyped-def]
         return True
 
 
-def compile_here(head_dim: int, lanes: int, bf16: bool, f16_probs: bool) -> None:
+def compile_here(head_dim: int, lanes: int, bf16: bool, f16_probs: bool, softcap: float | None = None) -> None:
     """Compile one kernel into numba's on-disk cache (run by :func:`_load`'s child process)."""
-    _build(head_dim, lanes, bf16, f16_probs).compile(_signature(bf16))
+    _build(head_dim, lanes, bf16, f16_probs, softcap).compile(_signature(bf16))
 
 
 def set_threads(n: int) -> None:
