@@ -206,6 +206,8 @@ def _load(kernel, key: tuple) -> None:  # type: ignore[no-untyped-def]
     later process, which loads the kernel alone from the cache. A child compiles into the cache
     and every process, this one included, loads the same code. Where the cache cannot be used
     (no writable place, a failed child, other numba internals) this compiles here, as before."""
+    if not hasattr(kernel, "compile"):  # NUMBA_DISABLE_JIT: the plain Python function
+        return
     sig = _signature(key[2])
     if not _in_cache(kernel, sig):
         try:
