@@ -62,3 +62,25 @@ def test_length_groups_bound_the_padding():
     for grp in groups[:-1]:
         longest = max(lengths[r] for r in grp)
         assert longest * len(grp) <= (1 + MAX_PADDING_SHARE) * sum(lengths[r] for r in grp)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (8, 2, 128)])
+def test_soft_capped_decode_rows_take_the_cpu_kernel(heads, kv_heads, dim, dtype):
+    # Gemma 2's soft-capped layers: decode rows through the compiled kernel's capped variant,
+    # equal to the spelled-out softmax of the reference path (also within a sliding window).
+    lengths, extend = [1, 7, 300, 64, 1023, 5], [1, 1, 1, 4, 1, 9]
+    batch = _batch(lengths, extend, kv_heads, dim, seed=heads + dim, dtype=dtype)
+    g = torch.Generator().manual_seed(3)
+    t = batch.num_tokens
+    q = (torch.randn(t, heads, dim, generator=g) * 4).to(dtype)
+    k, v = torch.randn(t, kv_heads, dim, generator=g).to(dtype), torch.randn(t, kv_heads, dim, generator=g).to(dtype)
+    for window in (None, 100):
+        outs = []
+        for use_kernel in (True, False):
+            backend = TorchAttention(use_paged_kernel=use_kernel)
+            batch.attn_metadata = backend.init_forward_metadata(batch)
+            assert (backend._metadata(batch, window, 1.5).paged_decode is not None) == use_kernel
+            outs.append(backend.forward(q, k, v, 0, batch, window=window, scale=0.3, softcap=1.5))
+        tol = 2e-5 if dtype == torch.float32 else 2e-2
+        assert torch.allclose(outs[0].float(), outs[1].float(), atol=tol), (outs[0].float() - outs[1].float()).abs().max()

@@ -113,3 +113,87 @@ def test_triton_kernel_on_gpu(dtype) -> None:
 
             paged_decode_attention_triton(q, k, v, PagedRows(idx, start, n), got, dim**-0.5, split_size=split)  # dot on bf16
             assert torch.allclose(got.float(), ref, atol=1e-5 if dtype == torch.float32 else 3e-2)
+
+
+_CACHE_SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/tests")
+import numpy as np
+from engine.layers import cpu_decode_attention
+from test_decode_attention_kernel import make_case
+outs = []
+for bf16 in (False, True):
+    q, k, v, idx, start, n = make_case(9, 3, 64, [7, 100, 1000], seed=3)
+    k_rows, v_rows = k.view(-1, 64), v.view(-1, 64)
+    if bf16:
+        k_rows, v_rows = k_rows.bfloat16().view(torch.uint16), v_rows.bfloat16().view(torch.uint16)
+    out = np.empty(q.shape, np.float32)
+    cpu_decode_attention.kernel_for(64, 3, bf16)(q.numpy(), k_rows.numpy(), v_rows.numpy(), idx.numpy(), start.numpy(), n.numpy(),
+                                                  out, np.float32(0.125), 3)
+    outs.append(out)
+np.save(sys.argv[2], np.stack(outs))
+"""
+
+
+def test_the_first_process_computes_what_the_cache_loading_ones_do(tmp_path) -> None:
+    """On an empty numba cache the first process must give the bits every later process gets
+    from the cache: before, the compiling process ran another build of the parallel loop's body
+    (numba's own copy, summed in another order under fastmath) and its greedy outputs differed
+    from every later run's."""
+    from engine.layers import cpu_decode_attention
+
+    if not cpu_decode_attention.available():
+        pytest.skip("numba is not installed")
+    import numpy as np
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    script = "import torch\n" + _CACHE_SCRIPT
+    outs = []
+    for name in ("compiles", "loads"):
+        proc = subprocess.run([sys.executable, "-c", script, str(ROOT), str(tmp_path / f"{name}.npy")], env=env,
+                              capture_output=True, text=True, timeout=900)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs.append(np.load(tmp_path / f"{name}.npy"))
+    assert any((tmp_path / "numba").rglob("*.nbi")), "the first process wrote the cache"
+    assert np.array_equal(outs[0], outs[1]), f"max difference {np.abs(outs[0] - outs[1]).max()}"
+
+
+def _soft_capped_reference(q, k, v, idx, start, n, scale: float, cap: float) -> torch.Tensor:
+    """Per row: scores of its keys, cap * tanh(score / cap), softmax, weighted values (float64)."""
+    out = torch.empty(q.shape, dtype=torch.float64)
+    group = q.shape[1] // k.shape[1]
+    for b in range(q.shape[0]):
+        rows = idx[start[b] : start[b] + n[b]]
+        kb = k[rows].double().repeat_interleave(group, dim=1)  # [n, heads, d]
+        vb = v[rows].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[b].double(), kb) * scale
+        probs = torch.softmax(torch.tanh(scores / cap) * cap, dim=-1)
+        out[b] = torch.einsum("hn,nhd->hd", probs, vb)
+    return out
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (16, 2, 32)])
+def test_engine_kernel_soft_caps_the_scores(heads, kv_heads, dim, bf16) -> None:
+    """The soft-capped variant (Gemma 2) against the spelled-out reference; the scores are made
+    large enough for the cap to bend most of them (a kernel ignoring the cap fails)."""
+    import numpy as np
+
+    from engine.layers import cpu_decode_attention
+
+    if not cpu_decode_attention.available():
+        pytest.skip("numba is not installed")
+    q, k, v, idx, start, n = make_case(heads, kv_heads, dim, [1, 40, 700], seed=heads + dim)
+    q = q * 6
+    if bf16:  # the reference reads the same rounded values
+        k, v = k.bfloat16().float(), v.bfloat16().float()
+    rows = (lambda t: t.view(-1, dim).bfloat16().view(torch.uint16)) if bf16 else (lambda t: t.view(-1, dim))  # noqa: E731
+    scale, cap = 0.2, 1.5
+    got = torch.empty_like(q)
+    cpu_decode_attention.kernel_for(dim, heads // kv_heads, bf16, softcap=cap)(
+        q.numpy(), rows(k).numpy(), rows(v).numpy(), idx.numpy(), start.numpy(), n.numpy(), got.numpy(), np.float32(scale), kv_heads
+    )
+    ref = _soft_capped_reference(q, k, v, idx, start, n, scale, cap)
+    assert torch.allclose(got.double(), ref, atol=2e-6), (got.double() - ref).abs().max()
+    uncapped = _soft_capped_reference(q, k, v, idx, start, n, scale, 1e9)
+    assert (uncapped - ref).abs().max() > 0.1, "the cap bends the outputs of these scores"

@@ -86,7 +86,10 @@ class Engine:
         self.context_len = self.runner.context_len
         if self.runner.device.type == "cpu":  # compiled here (cold) while the grammar's children compile theirs
             cfg = self.runner.model_config
-            cpu_kernel_warmup.warm_up(self.runner.dtype, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, self.runner.token_to_kv_pool.dtype)
+            cpu_kernel_warmup.warm_up(
+                self.runner.dtype, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, self.runner.token_to_kv_pool.dtype,
+                f16_probs=self.runner.attn_backend.f16, softcap=cfg.attn_softcap,
+            )  # fmt: skip
             cpu_kernel_warmup.warm_up_quantized(self.runner.model)
             cpu_kernel_warmup.warm_up_moe(self.runner.model)
         kernels.wait(progress=lambda line: print(line, file=sys.stderr, flush=True))

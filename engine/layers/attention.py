@@ -35,10 +35,11 @@ at most that many tokens (what the tests check).
 
 A layer may attend within a sliding window (``forward(..., window=w)``: a query at position p sees
 the keys at p - w + 1 .. p, as transformers' sliding layers do), scale queries by other than
-head_dim ** -0.5 and soft-cap its scores (Gemma 2: cap * tanh(s / cap), an explicit softmax since
-SDPA cannot). Every layer keeps every token's K and V in the pool, so the prefix cache and
-chunked prefill work unchanged; a windowed layer only reads fewer of them. The metadata of each
-(window, soft-capped) variant is built once per forward, on first use, and shared by the layers.
+head_dim ** -0.5 and soft-cap its scores (Gemma 2: cap * tanh(s / cap); the CPU's paged kernel
+caps in its loop, other paths spell the softmax out since SDPA and the Triton kernel cannot).
+Every layer keeps every token's K and V in the pool, so the prefix cache and chunked prefill work
+unchanged; a windowed layer only reads fewer of them. The metadata of each (window, soft-capped
+on CUDA) variant is built once per forward, on first use, and shared by the layers.
 
 float16 attention (``TorchAttention(f16=True)``, GGUF models with ``FORMCAST_GGML_NUMERICS=1``): llama.cpp's CPU backend keeps K and
 V in float16 and converts Q and the softmax probabilities to float16 for its two products, which
@@ -123,7 +124,7 @@ class AttentionMetadata:
     decode_groups: list[DecodeGroup]
     extend_rows: list[ExtendRow]
     paged_decode: PagedDecode | None = None
-    # (window, soft-capped) -> the metadata of that layer kind; (None, False) is this one.
+    # (window, soft-capped on CUDA) -> the metadata of that layer kind; (None, False) is this one.
     variants: dict[tuple[int | None, bool], AttentionMetadata] = field(default_factory=dict)
 
 
@@ -205,11 +206,13 @@ class TorchAttention:
             return "numba"
         return None
 
-    def init_forward_metadata(self, batch: ForwardBatch, window: int | None = None, paged: bool = True) -> AttentionMetadata:
+    def init_forward_metadata(self, batch: ForwardBatch, window: int | None = None, softcap: bool = False) -> AttentionMetadata:
         """The layout of ``batch`` for layers attending within ``window`` keys (None: all);
-        ``paged=False`` keeps decode rows off the paged kernel (soft-capped layers)."""
+        ``softcap``: for soft-capped layers, whose decode rows stay off the Triton kernel (it has
+        no soft cap; the CPU's kernel has)."""
         table = batch.req_to_token_pool.req_to_token
-        kernel = self._paged_kernel(batch) if paged else None
+        kernel = self._paged_kernel(batch)
+        kernel = None if softcap and kernel == "triton" else kernel
         every_row = kernel == "numba" and batch.token_to_kv_pool.dtype in EVERY_QUERY_DECODE_LIKE
         queries = decode_queries(batch, every_row)
         kernel = kernel if queries else None
@@ -224,12 +227,14 @@ class TorchAttention:
 
     def _metadata(self, batch: ForwardBatch, window: int | None, softcap: float | None) -> AttentionMetadata:
         meta: AttentionMetadata = batch.attn_metadata
-        if window is None and softcap is None:
+        # A soft cap changes the layout only where it keeps decode rows off the Triton kernel.
+        capped = softcap is not None and self._paged_kernel(batch) == "triton"
+        if window is None and not capped:
             return meta
-        key = (window, softcap is not None)
+        key = (window, capped)
         found = meta.variants.get(key)
         if found is None:
-            found = meta.variants[key] = self.init_forward_metadata(batch, window, paged=softcap is None)
+            found = meta.variants[key] = self.init_forward_metadata(batch, window, softcap=capped)
         return found
 
     @staticmethod
@@ -316,7 +321,7 @@ class TorchAttention:
         out = torch.empty_like(q)
         heads, dim = q.shape[1], q.shape[2]
         if meta.paged_decode is not None:
-            self._paged_decode_forward(q, k_buf, v_buf, meta.paged_decode, out, scale, self.f16)
+            self._paged_decode_forward(q, k_buf, v_buf, meta.paged_decode, out, scale, self.f16, softcap)
         for g in meta.decode_groups:
             b = g.token_index.numel()
             qg = q.index_select(0, g.token_index).view(b, heads, 1, dim)
@@ -335,12 +340,13 @@ class TorchAttention:
     @staticmethod
     def _paged_decode_forward(
         q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pd: PagedDecode, out: torch.Tensor,
-        scale: float | None = None, f16: bool = False,
+        scale: float | None = None, f16: bool = False, softcap: float | None = None,
     ) -> None:  # fmt: skip
         heads, dim, kv_heads = q.shape[1], q.shape[2], k_buf.shape[1]
         qd = (q if pd.token_index is None else q.index_select(0, pd.token_index)).contiguous()
         od = out if pd.token_index is None else torch.empty_like(qd)
         if pd.kernel == "triton":
+            assert softcap is None, "soft-capped layers keep decode rows off the Triton kernel"
             if scale is not None:  # the kernel scales by dim ** -0.5: fold the difference into q
                 qd = qd * (scale * dim**0.5)
             paged_decode_attention(qd, k_buf, v_buf, PagedRows(pd.kv_index, pd.kv_start, pd.kv_len, pd.max_len), od)
@@ -349,7 +355,7 @@ class TorchAttention:
             rows = (lambda t: t.view(-1, dim).view(torch.uint16)) if bf16 else (lambda t: t.view(-1, dim))  # noqa: E731
             q32 = qd.float() if qd.dtype != torch.float32 else qd
             o32 = od if od.dtype == torch.float32 else torch.empty_like(q32)
-            cpu_decode_attention.kernel_for(dim, heads // kv_heads, bf16, f16)(
+            cpu_decode_attention.kernel_for(dim, heads // kv_heads, bf16, f16, softcap)(
                 q32.numpy(), rows(k_buf).numpy(), rows(v_buf).numpy(), pd.kv_index.numpy(),
                 pd.kv_start.numpy(), pd.kv_len.numpy(), o32.numpy(), np.float32(dim**-0.5 if scale is None else scale), kv_heads,
             )  # fmt: skip

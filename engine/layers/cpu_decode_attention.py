@@ -10,12 +10,21 @@ and release the GIL, so the grammar's mask worker runs meanwhile.
 
 Measured on the 2-core box (BENCHMARKS.md, ModelRunner section): against gathering K/V with
 ``index_select`` then ``scaled_dot_product_attention`` per length group, this reads about a third
-of the bytes. float32 and bfloat16 pools; float16 uses the torch path.
+of the bytes. float32 and bfloat16 pools; float16 uses the torch path. The scores may be
+soft-capped (Gemma 2), a compile-time variant: other models run the kernel without it.
+
+Every process runs the machine code of numba's on-disk cache, the first one after an install
+too (a child process compiles into the cache): a kernel compiled in the process that uses it
+computed other bits than the cached one (see :func:`_load`).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -33,13 +42,19 @@ def available() -> bool:
     return njit is not None
 
 
-def _build(dim: int, lanes: int, bf16: bool, f16_probs: bool = False):  # type: ignore[no-untyped-def]
+def _build(  # type: ignore[no-untyped-def]
+    dim: int, lanes: int, bf16: bool, f16_probs: bool = False, softcap: float | None = None
+):
     """The kernel for ``head_dim == dim`` with ``lanes`` query heads per task, over a float32 or
     (``bf16``) bfloat16 cache; ``f16_probs``: the probabilities are normalized and rounded to
-    float16 before they weight V (llama.cpp's precision). All are compile-time constants: the inner loops over ``dim``
-    vectorize (measured 1.6x faster than a runtime trip count, at memory-copy speed), unused lanes
-    fold away, and a bfloat16 row is widened to float32 (the top half of its bits) in a small
-    buffer as it is read, so the cache is read at half the bytes."""
+    float16 before they weight V (llama.cpp's precision); ``softcap``: each score becomes
+    softcap * tanh(score / softcap) before the softmax (Gemma 2). All are compile-time
+    constants: the inner loops over ``dim`` vectorize (measured 1.6x faster than a runtime trip
+    count, at memory-copy speed), unused lanes and variants fold away, and a bfloat16 row is
+    widened to float32 (the top half of its bits) in a small buffer as it is read, so the cache
+    is read at half the bytes."""
+    capped = softcap is not None
+    cap = np.float32(softcap if capped else 1.0)
 
     @njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
     def paged_decode_attention(q, k_rows, v_rows, kv_index, kv_start, kv_len, out, scale, num_kv_heads):  # pragma: no cover - compiled
@@ -93,7 +108,21 @@ def _build(dim: int, lanes: int, bf16: bool, f16_probs: bool = False):  # type: 
                 s[3, j] = a3
             totals = np.ones(4, dtype=np.float32)
             for i in range(lanes):
-                totals[i] = _softmax_in_place(s[i])
+                if capped:
+                    for j in range(n):
+                        s[i, j] = np.float32(math.tanh(s[i, j] / cap)) * cap
+                # The softmax written here, not called: a shared compiled callee would be linked
+                # into every variant, and a process runs whichever copy it loaded first.
+                m = s[i, 0]
+                for j in range(1, n):
+                    if s[i, j] > m:
+                        m = s[i, j]
+                total = np.float32(0.0)
+                for j in range(n):
+                    e = math.exp(s[i, j] - m)
+                    s[i, j] = e
+                    total += e
+                totals[i] = total
                 if f16_probs:
                     inv = np.float32(1.0) / totals[i]
                     for j in range(n):
@@ -131,33 +160,77 @@ def _build(dim: int, lanes: int, bf16: bool, f16_probs: bool = False):  # type: 
 
 
 if njit is not None:
-
-    @njit(fastmath=True, nogil=True, cache=True)
-    def _softmax_in_place(s):  # pragma: no cover - compiled
-        """exp(s - max) in place; returns the sum."""
-        m = s[0]
-        for j in range(1, s.shape[0]):
-            if s[j] > m:
-                m = s[j]
-        total = np.float32(0.0)
-        for j in range(s.shape[0]):
-            e = math.exp(s[j] - m)
-            s[j] = e
-            total += e
-        return total
-
     _KERNELS: dict = {}
 
+_ROOT = Path(__file__).resolve().parents[2]  # the folder holding the ``engine`` package
+_CHILD = (
+    "import json, sys; sys.path.insert(0, sys.argv[1]); "
+    "from engine.layers import cpu_decode_attention as m; m.compile_here(*json.loads(sys.argv[2]))"
+)
 
-def kernel_for(head_dim: int, group: int, bf16: bool = False, f16_probs: bool = False):  # type: ignore[no-untyped-def]
+
+def kernel_for(  # type: ignore[no-untyped-def]
+    head_dim: int, group: int, bf16: bool = False, f16_probs: bool = False, softcap: float | None = None
+):
     """The compiled kernel for ``head_dim``, ``group`` query heads per KV head, the cache's
-    dtype and the probabilities' rounding (built on first use, cached on disk by numba). A bfloat16 cache is passed as its
-    ``int16``/``uint16`` view; queries and output stay float32."""
-    key = (head_dim, min(group, LANES), bf16, f16_probs)
+    dtype, the probabilities' rounding and the scores' soft cap (see :func:`_build`), loaded
+    from numba's on-disk cache (compiled into it by a child process first when it is not there:
+    see :func:`_load`). A bfloat16 cache is
+    passed as its ``int16``/``uint16`` view; queries and output stay float32."""
+    key = (head_dim, min(group, LANES), bf16, f16_probs, None if softcap is None else float(softcap))
     kernel = _KERNELS.get(key)
     if kernel is None:
         kernel = _KERNELS[key] = _build(*key)
+        _load(kernel, key)
     return kernel
+
+
+def _signature(bf16: bool):  # type: ignore[no-untyped-def]
+    """The argument types a forward passes (``attention.TorchAttention._paged_decode_forward``)."""
+    from numba import types
+
+    rows = (types.uint16 if bf16 else types.float32)[:, ::1]
+    index = types.int64[::1]
+    qo = types.float32[:, :, ::1]
+    return (qo, rows, rows, index, index, index, qo, types.float32, types.int64)
+
+
+def _load(kernel, key: tuple) -> None:  # type: ignore[no-untyped-def]
+    """Give ``kernel`` the machine code numba's cache holds, whichever process compiled it.
+
+    Why not compile here: numba links a copy of each compiled piece (the parallel loop's body)
+    into the kernel and optimizes it again there, while the process that compiled the piece
+    also keeps the piece's own build, and calls go to whichever build the process loaded first.
+    Under fastmath the two builds may sum in different orders (measured: outputs up to 1e-6
+    apart, greedy tokens flipped), so the compiling process computed other bits than every
+    later process, which loads the kernel alone from the cache. A child compiles into the cache
+    and every process, this one included, loads the same code. Where the cache cannot be used
+    (no writable place, a failed child, other numba internals) this compiles here, as before."""
+    if not hasattr(kernel, "compile"):  # NUMBA_DISABLE_JIT: the plain Python function
+        return
+    sig = _signature(key[2])
+    if not _in_cache(kernel, sig):
+        try:
+            subprocess.run([sys.executable, "-c", _CHILD, str(_ROOT), json.dumps(key)],
+                           capture_output=True, timeout=1800, check=False)  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            pass
+    kernel.compile(sig)
+
+
+def _in_cache(kernel, sig) -> bool:  # type: ignore[no-untyped-def]
+    """Whether numba's on-disk cache holds ``kernel`` for ``sig`` (numba internals: True when
+    they are not as expected, so the caller compiles here)."""
+    try:
+        cache = kernel._cache
+        return cache._cache_file.load(cache._index_key(sig, kernel.targetctx.codegen())) is not None
+    except Exception:  # noqa: BLE001 - no cache (NullCache) or another numba version
+        return True
+
+
+def compile_here(head_dim: int, lanes: int, bf16: bool, f16_probs: bool, softcap: float | None = None) -> None:
+    """Compile one kernel into numba's on-disk cache (run by :func:`_load`'s child process)."""
+    _build(head_dim, lanes, bf16, f16_probs, softcap).compile(_signature(bf16))
 
 
 def set_threads(n: int) -> None:

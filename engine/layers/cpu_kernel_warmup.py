@@ -19,9 +19,14 @@ from . import cpu_decode_attention, cpu_linear, cpu_moe
 from .ggml_quants import MAX_QUANT_ROWS, QuantizedWeight, StackedWeight
 
 
-def warm_up(weight_dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int, kv_dtype: torch.dtype) -> None:
+def warm_up(
+    weight_dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int, kv_dtype: torch.dtype,
+    f16_probs: bool = False, softcap: float | None = None,
+) -> None:  # fmt: skip
     """Run the linear loop for ``weight_dtype`` weights and the decode attention for the model's
-    head geometry over a ``kv_dtype`` cache (each only where a forward would use it)."""
+    head geometry over a ``kv_dtype`` cache, in the variant its layers use (``f16_probs``:
+    llama.cpp's precision; ``softcap``: Gemma 2's capped scores), each only where a forward
+    would use it."""
     if cpu_linear.njit is not None and weight_dtype in (torch.float32, torch.bfloat16):
         cpu_linear.rows_agree(weight_dtype == torch.bfloat16)  # runs the loop on forward-typed arrays
     if cpu_decode_attention.available() and kv_dtype in (torch.float32, torch.bfloat16) and heads % kv_heads == 0:
@@ -29,7 +34,7 @@ def warm_up(weight_dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int,
         q = np.zeros((1, heads, head_dim), np.float32)
         rows = np.zeros((2 * kv_heads, head_dim), np.uint16 if bf16 else np.float32)
         one = np.ones(1, np.int64)
-        cpu_decode_attention.kernel_for(head_dim, heads // kv_heads, bf16)(
+        cpu_decode_attention.kernel_for(head_dim, heads // kv_heads, bf16, f16_probs, softcap)(
             q, rows, rows, np.zeros(1, np.int64), np.zeros(1, np.int64), one, np.empty_like(q), np.float32(head_dim**-0.5), kv_heads
         )
 
