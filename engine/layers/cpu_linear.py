@@ -55,7 +55,7 @@ if njit is not None:
     @njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
     def _linear_f32(x, w, out, grouped):  # pragma: no cover - compiled
         """out[m, n] = x[m, :] . w[n, :]; x [M, K] float32, w [N, K] float32. ``grouped``: rows
-        four at a time (``_dot4``), the rest one at a time (``_dot1``)."""
+        four at a time, the rest one at a time (``_dot_rows``)."""
         rows = x.shape[0]
         n_out = w.shape[0]
         full = rows - rows % 4 if grouped else 0
