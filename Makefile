@@ -26,7 +26,9 @@ demo: install
 	$(VENV)/bin/formcast generate --regex '\d{4}-\d{2}-\d{2}' \
 		--prompt "On what date did Apollo 11 land on the Moon? Answer as YYYY-MM-DD." --max-new-tokens 16
 
-# Two worker processes, each taking whole test files (a module's model and Engine load once);
+# Two worker processes, each taking whole test files (a module's model and Engine load once), in
+# the order tests/conftest.py gives them (the end-to-end files first; without
+# --no-loadscope-reorder, pytest-xdist 3.8 hands out the files with the most tests first instead);
 # TEST_WORKERS=0 runs everything in one process. On an empty numba cache (a fresh clone) the
 # grammar kernels are compiled first, once, by parallel processes, so the workers only load them
 # instead of both compiling the same kernels at once.
@@ -34,7 +36,7 @@ TEST_WORKERS ?= 2
 
 test: install
 	$(PY) -m grammar.jit_warmup
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 # The property tests with fresh random seeds and 5x their examples (CI keeps one fixed seed):
 # run it before a submission; every failure it finds becomes an explicit @example.
