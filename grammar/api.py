@@ -15,7 +15,7 @@ from collections import OrderedDict
 from typing import Callable, Iterable
 
 from .caches import CACHES
-from . import disk_cache
+from . import disk_cache, kernel_tier
 from .budget import CompileBudget, charge, compile_scope, steps_used
 from .compiler import CompiledGrammar, compile_grammar  # noqa: F401 (re-exported)
 from .constraint import Constraint
@@ -92,7 +92,7 @@ def compile_constraint(
             compiled = CompiledGrammar(None, vocab, budget, kind=kind, source=source, nfa=nfa)
         else:
             payload = None
-            if front_end is not None:
+            if front_end is not None and kernel_tier.compiled():  # a compile process would JIT-compile first
                 payload, steps = front_end(constraint, budget)
             if payload is not None:
                 compiled = CompiledGrammar(None, vocab, budget, kind=kind, source=source, nfa=ByteNFA.from_payload(payload))
@@ -114,6 +114,8 @@ def compile_constraint(
     except OverflowError as exc:
         raise GrammarBudgetError(f"constraint has a number too large to compile ({exc}, while {stage})") from None
     compiled.constraint = constraint
+    if compiled.runs_python:  # a fresh install's first seconds (kernel_tier): compile again after the switch
+        return compiled
     with _CACHE_LOCK:
         _CACHE[key] = compiled
         while len(_CACHE) > CACHE_SIZE:

@@ -15,7 +15,9 @@ stacks flat. ``truncate`` cuts a deep configuration to its top frames over a HOL
 states can share one mask computation.
 
 The data and the work live in ``determinizer.py`` (numba arrays and functions): the trie walk
-computes the rows it reaches from inside its compiled kernel. This class is the Python face:
+computes the rows it reaches from inside its compiled kernel. An automaton made before the kernels
+are compiled (a fresh install's first seconds) runs the determinizer's Python twin instead
+(``kernel_tier``) for as long as it lives. This class is the Python face:
 budgets become ``GrammarBudgetError``, and one lock serializes every change to the automaton.
 The transition table and flags may be read without the lock: cells only ever go from UNEXPANDED
 to computed, and the arrays are replaced (never shrunk) when they grow. Walks compute the cells
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import determinizer as det
+from . import kernel_tier
 from .errors import GrammarBudgetError, GrammarError
 from .fsm import ByteNFA
 
@@ -62,7 +65,10 @@ class LazyAutomaton:
         self.budget = budget or AutomatonBudget()
         self.lock = threading.RLock()
         arrays = nfa.arrays()
-        self.core = det.new_core(
+        # The determinizer's build (compiled, or its Python twin before the kernels are compiled:
+        # kernel_tier) is chosen once: the core it makes is readable by that build only.
+        self._det = kernel_tier.determinizer()
+        self.core = self._det.new_core(
             arrays.e_ptr, arrays.e_lo, arrays.e_hi, arrays.e_dst, arrays.eps_ptr, arrays.eps_dst,
             arrays.call_ptr, arrays.call_callee, arrays.call_ret, arrays.final_rule, arrays.rule_start,
             arrays.tail_ret, arrays.has_edges,
@@ -70,48 +76,53 @@ class LazyAutomaton:
         )
         self._max_depth: dict[int, int] = {}
         with self.lock:
-            self.initial_state = self.check_status(det.initial_config(self.core, int(nfa.root_rule)))
+            self.initial_state = self.check_status(self._det.initial_config(self.core, int(nfa.root_rule)))
         if self.initial_state == DEAD:
             raise GrammarError("the grammar accepts no string at all (empty language)")
 
+    @property
+    def runs_python(self) -> bool:
+        """Whether this automaton runs the determinizer's Python twin (``kernel_tier``)."""
+        return kernel_tier.is_python(self.core)
+
     # ------------------------------------------------------------------ arrays
     def _views(self) -> tuple:
-        return det.core_arrays(self.core)
+        return self._det.core_arrays(self.core)
 
     @property
     def table(self) -> np.ndarray:
-        return det.core_table(self.core)
+        return self._det.core_table(self.core)
 
     @property
     def exits(self) -> np.ndarray:
-        return det.core_flags(self.core)[0]
+        return self._det.core_flags(self.core)[0]
 
     @property
     def accepting(self) -> np.ndarray:
-        return det.core_flags(self.core)[1]
+        return self._det.core_flags(self.core)[1]
 
     @property
     def num_states(self) -> int:
-        return int(det.core_flags(self.core)[2])
+        return int(self._det.core_flags(self.core)[2])
 
     def check_status(self, status: int) -> int:
         if status >= DEAD:
             return int(status)
-        if status == det.ERR_STATES:
+        if status == self._det.ERR_STATES:
             raise GrammarBudgetError(
                 f"grammar automaton grew past {self.budget.max_states} states (raise CompileBudget.max_automaton_states)"
             )
-        if status == det.ERR_DEPTH:
+        if status == self._det.ERR_DEPTH:
             raise GrammarBudgetError(f"grammar nesting deeper than {self.budget.max_stack_depth} levels")
         raise GrammarBudgetError("grammar is too ambiguous: too many parser stacks at one position")
 
     # ------------------------------------------------------------------ transitions
     def expand(self, state: int) -> None:
         """Compute the whole transition row of ``state`` (idempotent)."""
-        if det.core_row_done(self.core)[state]:
+        if self._det.core_row_done(self.core)[state]:
             return
         with self.lock:
-            self.check_status(det.expand_row(self.core, int(state)))
+            self.check_status(self._det.expand_row(self.core, int(state)))
 
     def step(self, state: int, byte: int) -> int:
         self.expand(state)
@@ -119,7 +130,7 @@ class LazyAutomaton:
 
     def step_bytes(self, state: int, data: bytes) -> int:
         with self.lock:
-            return self.check_status(det.step_bytes(self.core, int(state), np.frombuffer(data, dtype=np.uint8)))
+            return self.check_status(self._det.step_bytes(self.core, int(state), np.frombuffer(data, dtype=np.uint8)))
 
     def is_accepting(self, state: int) -> bool:
         return state >= 0 and bool(self.accepting[state])
@@ -130,13 +141,13 @@ class LazyAutomaton:
         depth = self._max_depth.get(state)
         if depth is None:
             with self.lock:
-                depth = self._max_depth[state] = int(det.config_depth(self.core, int(state)))
+                depth = self._max_depth[state] = int(self._det.config_depth(self.core, int(state)))
         return depth
 
     def live_bytes(self, state: int) -> int:
         """How many bytes lead somewhere from ``state`` (its row computed if it was not)."""
         with self.lock:
-            status, n = det.live_bytes(self.core, int(state))
+            status, n = self._det.live_bytes(self.core, int(state))
         self.check_status(int(status))
         return int(n)
 
@@ -147,14 +158,14 @@ class LazyAutomaton:
         state, so its token mask is computed once and shared; a token that pops into the hole
         (its configuration has ``exits`` set) must then be checked against the real stack."""
         with self.lock:
-            return self.check_status(det.truncate(self.core, int(state), keep))
+            return self.check_status(self._det.truncate(self.core, int(state), keep))
 
     def split(self, state: int) -> np.ndarray:
         """One configuration per stack node of ``state`` (int32): their languages unite into
         ``state``'s, so its mask is the union of theirs, and a node met in many configurations
         (a key inside every position of an object) has its part computed once."""
         with self.lock:
-            parts, status = det.split_config(self.core, int(state))
+            parts, status = self._det.split_config(self.core, int(state))
         self.check_status(int(status))
         return parts
 
@@ -164,7 +175,7 @@ class LazyAutomaton:
         live bytes, one that mostly loops, exit flags that differ, or rows that agree on fewer
         than half of its live bytes."""
         with self.lock:
-            sibling, differ, status = det.sibling_of(self.core, int(state), min_live, depth, max_pairs)
+            sibling, differ, status = self._det.sibling_of(self.core, int(state), min_live, depth, max_pairs)
         self.check_status(int(status))
         return None if sibling < 0 else (int(sibling), differ)
 
@@ -173,7 +184,7 @@ class LazyAutomaton:
         both dead, on every byte string within ``depth`` bytes, through equal exit flags (at most
         ``max_pairs`` pairs of states examined; past that, the bytes count as differing)."""
         with self.lock:
-            out, status = det.differing_bytes(self.core, int(state), int(other), depth, max_pairs)
+            out, status = self._det.differing_bytes(self.core, int(state), int(other), depth, max_pairs)
         self.check_status(int(status))
         return out
 
@@ -189,7 +200,7 @@ class LazyAutomaton:
     def config_size(self, state: int) -> int:
         """How many stack nodes configuration ``state`` holds."""
         with self.lock:
-            return int(det.config_size(self.core, int(state)))
+            return int(self._det.config_size(self.core, int(state)))
 
     def config_stacks(self, state: int) -> tuple[int, ...]:
         """The kernel node ids of configuration ``state``."""

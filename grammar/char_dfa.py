@@ -26,7 +26,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import ir
+from . import ir, kernel_tier
 from .char_dfa_kernels import (  # the representation and its compiled loops; CharDFA etc. are imported from here too
     END,
     LIMIT,
@@ -69,7 +69,7 @@ def _product(a: CharDFA, b: CharDFA, op: str) -> CharDFA:
     tb = np.ascontiguousarray(np.vstack([np.where(tb < 0, nb, tb), np.full((1, tb.shape[1]), nb, dtype=np.int32)]), dtype=np.int64)
     acc_a = np.append(a.accepting, False)
     acc_b = np.append(b.accepting, False)
-    table, codes = product_kernel(ta, tb, _OPS[op], MAX_DFA_STATES)
+    table, codes = kernel_tier.pick(product_kernel)(ta, tb, _OPS[op], MAX_DFA_STATES)
     if table is None:
         raise GrammarBudgetError(f"string constraint needs more than {MAX_DFA_STATES} DFA states")
     width = nb + 1

@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit, types
 from numba.typed import Dict
 
-from . import ir
+from . import ir, kernel_tier
 
 START = ir.ByteClass(((0xFE, 0xFE),))  # zero-width "at the start of the text"
 END = ir.ByteClass(((0xFF, 0xFF),))  # zero-width "at the end of the text"
@@ -115,7 +115,7 @@ def minimize(dfa: CharDFA) -> CharDFA:
     n, k = dfa.table.shape
     full = np.vstack([np.where(dfa.table < 0, n, dfa.table), np.full((1, k), n, dtype=np.int32)]).astype(np.int32)
     accepting = np.append(dfa.accepting, False)
-    reps, table = minimize_kernel(full, accepting, MINIMIZE_ROUNDS)
+    reps, table = kernel_tier.pick(minimize_kernel)(full, accepting, MINIMIZE_ROUNDS)
     if not len(reps):
         return CharDFA(dfa.bounds, np.full((1, k), -1, dtype=np.int32), np.zeros(1, dtype=bool))
     return merge_symbols(CharDFA(dfa.bounds, table, accepting[reps]))

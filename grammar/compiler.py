@@ -91,6 +91,12 @@ class CompiledGrammar:
     def initial_state(self) -> int:
         return self.automaton.initial_state
 
+    @property
+    def runs_python(self) -> bool:
+        """Built before the grammar kernels were compiled: it runs their Python twins for as long
+        as it lives (``kernel_tier``), so no cache keeps it past the switch."""
+        return self.automaton.runs_python
+
     # ------------------------------------------------------------------ masks
     def token_mask(self, state: int) -> np.ndarray:
         """Packed int32 mask row of the tokens allowed in ``state`` (cached per state; shared,

@@ -62,9 +62,23 @@ def _marker() -> Path | None:
     return cache_dir / f"formcast-warm-{digest.hexdigest()[:16]}"
 
 
+def _lane_marker(marker: Path, lane: tuple[str, ...] | list[str]) -> Path:
+    return marker.with_name(f"{marker.name}-{'-'.join(lane)}")
+
+
+def mark_lane_done(lane: list[str]) -> None:
+    """Called by a child once its lane's kernels are in the cache."""
+    marker = _marker()
+    if marker is not None:
+        try:
+            _lane_marker(marker, lane).touch()
+        except OSError:
+            pass
+
+
 def is_warm() -> bool:
     marker = _marker()
-    return marker is not None and marker.exists()
+    return marker is not None and (marker.exists() or all(_lane_marker(marker, lane).exists() for lane in LANES))
 
 
 def _take_lock(blocking: bool):
@@ -134,16 +148,24 @@ class Warmup:
         return ok
 
 
-def start() -> Warmup:
-    """Spawn one child per lane unless the cache is already warm (then nothing is spawned)."""
+# Niceness of the children when the caller serves requests meanwhile (the engine's Python tier,
+# ``kernel_tier``): its requests get the cores first, the compiles take what is left.
+BACKGROUND_NICE = 10
+
+
+def start(background: bool = False) -> Warmup:
+    """Spawn one child per lane unless the cache is already warm (then nothing is spawned);
+    ``background``: the children run niced (``BACKGROUND_NICE``), for a caller that works
+    meanwhile. Either way they hold the warm-up lock and mark their lanes done themselves, so
+    they finish the cache even if the caller exits first."""
     global _tried
     _tried = True  # this process has taken care of it: ensure_warm need not spawn again
     if is_warm() or os.environ.get("FORMCAST_NO_JIT_WARMUP"):
         return Warmup()
-    return _spawn()
+    return _spawn(BACKGROUND_NICE if background else 0)
 
 
-def _spawn() -> Warmup:
+def _spawn(nice: int = 0) -> Warmup:
     lock = _take_lock(blocking=False)
     if lock is None:
         return Warmup(elsewhere=True)
@@ -153,11 +175,17 @@ def _spawn() -> Warmup:
     root = str(_HERE.parent)
     env = dict(CHILD_ENV, **os.environ)
     env.update(PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p), FORMCAST_NO_JIT_WARMUP="1")
+    held = (lock.fileno(),) if hasattr(lock, "fileno") and not isinstance(lock, io.BytesIO) else ()
     procs = [
         subprocess.Popen([sys.executable, "-m", "grammar.jit_tasks", *lane], env=env, cwd=root,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=held)
         for lane in LANES
     ]
+    for proc in procs if nice else ():
+        try:
+            os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
+        except (AttributeError, OSError):  # not on this platform: the children keep our priority
+            pass
     return Warmup(procs, lock=lock)
 
 

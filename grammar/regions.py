@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from . import kernel_tier
 from .automaton import expand_row, row_shape
 from .token_trie import TokenTrie
 from .token_walk import ALLOWED, AT_EXIT, PLAIN, STOP_AT_EXITS, StaticTable, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie
@@ -67,7 +68,7 @@ class RegionSplit:
 def find_region(automaton, state: int) -> Region | None:
     """The region ``state`` belongs to (as its looping state or a UTF-8 middle state), or None."""
     with automaton.lock:
-        status, states, canonical, index = _find_region_kernel(automaton.core, state, MIN_LOOP_BYTES, MAX_REGION)
+        status, states, canonical, index = kernel_tier.pick_for(automaton.core, _find_region_kernel)(automaton.core, state, MIN_LOOP_BYTES, MAX_REGION)
     automaton.check_status(int(status))
     if not len(states):
         return None
@@ -183,7 +184,7 @@ def split_region(trie: TokenTrie, region: Region) -> RegionSplit:
     exits = np.zeros(size + 1, dtype=np.bool_)
     exits[size] = True
     walk = walk_trie(trie, StaticTable(table, exits), region.index, mode=STOP_AT_EXITS)
-    pos, start, offset = range_positions(walk.exit_ranges)
+    pos, start, offset = kernel_tier.pick(range_positions)(walk.exit_ranges)
     worth_it = len(pos) <= MAX_EXCEPTION_SHARE * trie.num_tokens
     if not worth_it:
         empty = np.zeros(0, dtype=np.int32)
@@ -200,7 +201,7 @@ def region_mask(trie: TokenTrie, automaton, region: Region, split: RegionSplit, 
     uncertain = np.zeros(0, dtype=np.int32)
     if len(split.exit_pos):
         outcome, _ = check_tokens(trie, automaton, split.exit_pos, region.states[split.exit_from], split.exit_offset, mode=mode)
-        set_token_bits(bits, trie.sorted_ids[split.exit_pos[outcome == ALLOWED]])
+        kernel_tier.pick(set_token_bits)(bits, trie.sorted_ids[split.exit_pos[outcome == ALLOWED]])
         uncertain = split.exit_pos[outcome == AT_EXIT].astype(np.int32)
     add_duplicates(trie, bits)
     return bits, uncertain

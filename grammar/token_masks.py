@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import kernel_tier
 from .caches import CACHES
 from .lru import ByteLRU
 from .regions import Region, RegionSplit, find_region, region_mask, split_region
@@ -87,9 +88,19 @@ def vocabulary_masks(vocab: TokenVocabulary) -> VocabularyMasks:
             # A cold numba cache (first use after an install) compiles in parallel children.
             jit_warmup.ensure_warm()
             shared = VocabularyMasks(vocab, TokenTrie.from_vocab(vocab))
-            _warm_up(shared)
+            if kernel_tier.compiled():  # else load_compiled_kernels does it, at the switch
+                _warm_up(shared)
             _VOCABULARIES[vocab.fingerprint] = shared
         return shared
+
+
+def load_compiled_kernels() -> None:
+    """Load every compiled mask kernel from numba's cache (the warm-up of each vocabulary set up
+    while the process ran the kernels' Python twins), before ``kernel_tier`` switches to them."""
+    with _VOCABULARIES_LOCK:
+        vocabularies = list(_VOCABULARIES.values())
+    for shared in vocabularies[:1]:  # one vocabulary reaches every kernel
+        _warm_up(shared)
 
 
 def _warm_up(shared: VocabularyMasks) -> None:
@@ -278,7 +289,7 @@ class GrammarMasks:
         if len(entry.uncertain):
             starts = np.full(len(entry.uncertain), state, dtype=np.int32)
             outcome, _ = check_tokens(self.trie, automaton, entry.uncertain, starts)
-            set_token_bits(bits, self.trie.sorted_ids[entry.uncertain[outcome == ALLOWED]])
+            kernel_tier.pick(set_token_bits)(bits, self.trie.sorted_ids[entry.uncertain[outcome == ALLOWED]])
             add_duplicates(self.trie, bits)
         return bits
 
@@ -342,7 +353,7 @@ class GrammarMasks:
         if walk is None:
             return False
         bits = base.bits.copy()
-        uncertain, _, _ = range_positions(walk.exit_ranges)
+        uncertain, _, _ = kernel_tier.pick(range_positions)(walk.exit_ranges)
         if len(differ):
             bits &= ~np.bitwise_or.reduce(self.trie.first_byte_bits[differ], axis=0)
             bits |= walk.bits
@@ -364,7 +375,7 @@ class GrammarMasks:
         walk = walk_trie(self.trie, self.automaton, top, mode=DEAD_AFTER_EXITS, max_ranged_tokens=limit)
         if walk is None:
             return False
-        uncertain, _, _ = range_positions(walk.exit_ranges)
+        uncertain, _, _ = kernel_tier.pick(range_positions)(walk.exit_ranges)
         if len(uncertain) > limit:
             return False
         return TruncatedMask(walk.bits, uncertain)

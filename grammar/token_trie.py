@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from . import kernel_tier
 from .bitmask import bitmask_width
 from .vocab import TokenVocabulary
 
@@ -93,7 +94,7 @@ def build_trie(token_bytes: list[bytes], ids: list[int], vocab_size: int, eos_id
     flat = np.frombuffer(b"".join(toks), dtype=np.uint8).copy()  # writable: the kernels' signature
     sorted_ids = np.array([ids[j] for j in keep], dtype=np.int32)
     in_trie = lengths <= MAX_TRIE_DEPTH
-    words, first_pos = build_trie_nodes(flat, offsets, lengths, sorted_ids, int(in_trie.sum()))
+    words, first_pos = kernel_tier.pick(build_trie_nodes)(flat, offsets, lengths, sorted_ids, int(in_trie.sum()))
     if len(words) > FIELD_24:
         raise ValueError(f"the vocabulary's trie has more than {FIELD_24} nodes")
     first_bytes = np.array([t[0] for t in token_bytes], dtype=np.int64)

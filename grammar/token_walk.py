@@ -35,6 +35,7 @@ import numpy as np
 from numba import njit
 
 from . import determinizer as det  # the kernel cache stamp (see _drop_stale_kernels); walk_levels reads the core
+from . import kernel_tier
 from .automaton import DEAD as DEAD_STATE
 from .automaton import UNEXPANDED, expand_cell, static_core
 from .token_trie import DEPTH_SHIFT, FIELD_24, MAX_TRIE_DEPTH, SKIP_SHIFT, TOKEN_SHIFT, TokenTrie
@@ -64,7 +65,7 @@ class StaticTable:
     """A complete transition table (a region's canonical table), walkable like an automaton."""
 
     def __init__(self, table: np.ndarray, exits: np.ndarray) -> None:
-        self.core = static_core(np.ascontiguousarray(table, dtype=np.int32), np.ascontiguousarray(exits, dtype=np.bool_))
+        self.core = kernel_tier.pick(static_core)(np.ascontiguousarray(table, dtype=np.int32), np.ascontiguousarray(exits, dtype=np.bool_))
         self.lock = contextlib.nullcontext()
 
     def check_status(self, status: int) -> int:
@@ -342,7 +343,7 @@ def walk_trie(
             state_at[0] = state
             io[0], io[1] = _DONE, begin
             while True:
-                _walk_kernel(source.core, trie.words, trie.first_pos, begin, end, mode, state_at, tainted, bits, ends,
+                kernel_tier.pick_for(source.core, _walk_kernel)(source.core, trie.words, trie.first_pos, begin, end, mode, state_at, tainted, bits, ends,
                              end_states, ranges, io)
                 if io[0] == _DONE:
                     break
@@ -367,7 +368,7 @@ def _walk_long_tokens(trie: TokenTrie, source, state: int, pos: np.ndarray, bits
     outcome, end = check_tokens(trie, source, pos, np.full(len(pos), state, dtype=np.int32), None, mode=mode,
                                 end_states=ends is not None)
     ok = outcome == ALLOWED
-    set_token_bits(bits, trie.sorted_ids[pos[ok]])
+    kernel_tier.pick(set_token_bits)(bits, trie.sorted_ids[pos[ok]])
     if ends is not None:
         ends[trie.sorted_ids[pos[ok]]] = end[ok]
     if exit_ranges is not None:
@@ -399,7 +400,7 @@ def check_tokens(
     ends = np.full(n, -1, dtype=np.int32) if end_states else _NO_INT32
     if n:
         with source.lock:
-            status = _check_kernel(source.core, trie.flat, trie.sorted_offset, trie.sorted_len, positions, starts, skips,
+            status = kernel_tier.pick_for(source.core, _check_kernel)(source.core, trie.flat, trie.sorted_offset, trie.sorted_len, positions, starts, skips,
                                    mode, out, ends, end_states)
         source.check_status(int(status))
     return out, (ends if end_states else None)
@@ -408,7 +409,7 @@ def check_tokens(
 def add_duplicates(trie: TokenTrie, bits: np.ndarray, ends: np.ndarray | None = None) -> None:
     """Set the bits (and end states) of tokens whose bytes equal an allowed token's."""
     if len(trie.dup_src):
-        _copy_duplicates(bits, _NO_INT32 if ends is None else ends, ends is not None, trie.dup_src, trie.dup_dst)
+        kernel_tier.pick(_copy_duplicates)(bits, _NO_INT32 if ends is None else ends, ends is not None, trie.dup_src, trie.dup_dst)
 
 
 # Modules whose kernels inline the determinizer's functions (their numba cache files share the

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable
 
 import grammar
 from grammar import CompileBudget, Constraint, GrammarError, GrammarTimeoutError, TokenVocabulary
+from grammar import kernel_tier
 from grammar.compile_worker import CompilePool
 from grammar.disk_cache import DiskCache
 
@@ -91,6 +92,8 @@ class GrammarBackend:
             return None
         with self._lock:
             future = self._outcomes.get(constraint)
+            if future is not None and _built_before_switch(future):
+                future = None  # compiled as Python before the kernels were: compile it again
             if future is not None:
                 self._outcomes.move_to_end(constraint)
                 self.stats["hits"] += 1
@@ -183,6 +186,15 @@ class GrammarBackend:
         finally:
             for observe in self.compile_observers:
                 observe(kind, time.perf_counter() - start)
+
+
+def _built_before_switch(future: Future) -> bool:
+    """A finished compile whose grammar runs the kernels' Python twins while the process now runs
+    the compiled kernels (``grammar.kernel_tier``)."""
+    if not future.done() or future.cancelled() or future.exception() is not None:
+        return False
+    compiled = future.result()
+    return compiled.runs_python and kernel_tier.compiled()
 
 
 def constraint_of(params: SamplingParams) -> Constraint | None:

@@ -33,11 +33,12 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from grammar import TokenVocabulary, disk_cache, jit_warmup
-from grammar.token_masks import vocabulary_masks
+from grammar import TokenVocabulary, disk_cache, jit_warmup, kernel_tier
+from grammar.token_masks import load_compiled_kernels, vocabulary_masks
 
 from ..constrained.grammar_backend import GrammarBackend
 from ..errors import PromptError  # defined with the other field errors; imported from here too
@@ -64,8 +65,9 @@ class Engine:
         args = self.args
         # A fresh install compiles the grammar kernels in child processes while the model loads;
         # they are loaded before the engine is ready, so no request waits for a JIT compile.
-        kernels = jit_warmup.start()
-        if kernels.procs:  # a progress line at once: the model load that follows says nothing
+        kernels = jit_warmup.start(background=args.grammar_python_tier)
+        cold = bool(kernels.procs) or kernels.elsewhere
+        if cold:  # a progress line at once: the model load that follows says nothing
             print("formcast: first start after install: compiling kernels (once) while the model loads...", file=sys.stderr, flush=True)
         set_row_invariant_prefill(args.enable_deterministic_inference)
         self.runner = ModelRunner(
@@ -79,27 +81,40 @@ class Engine:
             num_threads=args.num_threads,
             quantization=args.quantization,
         )
+        # The model's CPU kernels compile (cold) or load (warm) on a thread while the tokenizer and
+        # the vocabulary load: on a cold cache the decode attention's compile is a child process's
+        # seconds that the main thread need not wait for.
+        cpu_kernels = ThreadPoolExecutor(1, thread_name_prefix="formcast-cpu-kernels")
+        cpu_warm = cpu_kernels.submit(self._warm_up_cpu_kernels)
+        cpu_kernels.shutdown(wait=False)
         self.tokenizer = load_tokenizer(args.tokenizer_path or self.runner.model_path)
         self.vocab = _with_model_eos(TokenVocabulary.from_tokenizer(self.tokenizer), self.runner.model_config.eos_token_ids)
         # Tool-call markers the model writes as one control token are text to the grammar and the parser.
         self.vocab = self.vocab.with_text_tokens(marker_token_texts(self.tool_call_format, self.tokenizer, self.vocab.special_token_ids))
         self.context_len = self.runner.context_len
-        if self.runner.device.type == "cpu":  # compiled here (cold) while the grammar's children compile theirs
-            cfg = self.runner.model_config
-            cpu_kernel_warmup.warm_up(
-                self.runner.dtype, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, self.runner.token_to_kv_pool.dtype,
-                f16_probs=self.runner.attn_backend.f16, softcap=cfg.attn_softcap,
-            )  # fmt: skip
-            cpu_kernel_warmup.warm_up_quantized(self.runner.model)
-            cpu_kernel_warmup.warm_up_moe(self.runner.model)
-        kernels.wait(progress=lambda line: print(line, file=sys.stderr, flush=True))
+        if cold and args.grammar_python_tier:
+            # Ready now: constraints run the grammar kernels' Python twins until the children are
+            # done, then the compiled kernels (grammar.kernel_tier); no request waits for a compile.
+            kernel_tier.use_python()
+            print("formcast: ready before the grammar kernels are compiled: constraints run as Python (slower masks) "
+                  "until they are", file=sys.stderr, flush=True)  # fmt: skip
+        else:
+            kernels.wait(progress=lambda line: print(line, file=sys.stderr, flush=True))
         vocabulary_masks(self.vocab)  # the token trie and the mask kernels, loaded before ready
+        cpu_warm.result()
         self.grammar_backend = GrammarBackend(
             self.vocab, num_workers=args.grammar_workers, budget=_budget(args),
             compile_processes=args.grammar_compile_processes, disk=grammar_disk_cache(args),
             tokenizer=self.tokenizer,
         )
-        self.grammar_backend.start_compile_processes()
+        if kernel_tier.compiled():
+            self.grammar_backend.start_compile_processes()
+        else:  # their first compile would JIT-compile the front end's kernels: after the switch
+            kernel_tier.switch_when(
+                kernels.wait, before_switch=load_compiled_kernels,
+                after_switch=[self.grammar_backend.start_compile_processes,
+                              lambda: print("formcast: grammar kernels compiled; constraints now run them", file=sys.stderr, flush=True)],
+            )  # fmt: skip
         self.texts = TokenTexts(self.vocab, self.tokenizer)
         self._detokenizer = Detokenizer(self.texts)
         self._requests: dict[str, _Pending] = {}
@@ -132,6 +147,18 @@ class Engine:
         self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
+
+    def _warm_up_cpu_kernels(self) -> None:
+        """The model's CPU kernels, compiled here (cold) while the grammar's children compile theirs."""
+        if self.runner.device.type != "cpu":
+            return
+        cfg = self.runner.model_config
+        cpu_kernel_warmup.warm_up(
+            self.runner.dtype, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, self.runner.token_to_kv_pool.dtype,
+            f16_probs=self.runner.attn_backend.f16, softcap=cfg.attn_softcap,
+        )  # fmt: skip
+        cpu_kernel_warmup.warm_up_quantized(self.runner.model)
+        cpu_kernel_warmup.warm_up_moe(self.runner.model)
     def shutdown(self) -> None:
         """Stop the engine; requests still running finish with ``abort``."""
         if self._closed:

@@ -49,6 +49,10 @@ class EngineArgs:
     # Child processes that run constraint front ends, so a big compile never holds the GIL that
     # decoding needs (0: compile in the worker threads, as the library does).
     grammar_compile_processes: int = 1
+    # On a fresh install (numba's cache empty) be ready before the grammar kernels are compiled:
+    # constraints run their Python twins (grammar.kernel_tier; slower masks, the same ones) while
+    # niced children compile, then switch. False: wait for the compile before reporting ready.
+    grammar_python_tier: bool = True
     # Compiled grammars kept on disk across restarts ("default": $FORMCAST_CACHE/grammars or
     # ~/.cache/formcast/grammars; None: off), and the most bytes they may take.
     grammar_cache_dir: str | None = "default"
