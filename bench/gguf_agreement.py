@@ -35,9 +35,7 @@ from common import machine_line, markdown_table  # noqa: E402
 
 
 def llama_cpp_run(path: Path, prompts: list[list[int]], tokens: int, **options: object) -> list[list[int]]:
-    import llama_cpp
-
-    return llama_cpp_greedy(llama_cpp, path, prompts, tokens, **options)
+    return llama_cpp_greedy(path, prompts, tokens, **options)
 
 
 def formcast_greedy(path: Path, prompts: list[list[int]], tokens: int) -> list[list[int]]:

@@ -133,11 +133,14 @@ def run_formcast(kind: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def run_llama_cpp(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
-    from llama_cpp import Llama, LlamaGrammar
+    from llama_cpp import LlamaGrammar
 
     from engine.hf.model_files import gguf_path
 
-    llm = Llama(model_path=str(gguf_path()), n_ctx=2048, n_batch=512, n_threads=args.threads, verbose=False)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from conftest import llama_cpp_model  # llama.cpp's plain kernels (its AMX path crashes on some CPUs)
+
+    llm = llama_cpp_model(gguf_path(), n_ctx=2048, n_batch=512, n_threads=args.threads)
     eos = llm.token_eos()
 
     def render(text: str) -> str:

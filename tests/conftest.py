@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 from types import ModuleType
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -145,3 +147,31 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+_LLAMA_PARAMS_LOCK = threading.Lock()
+
+
+def llama_cpp_model(path, **options: Any) -> Any:  # type: ignore[no-untyped-def]
+    """``llama_cpp.Llama`` on the GGUF file ``path``, with llama.cpp's extra buffer types off
+    (weight repacking, AMX tiles): the oracle runs llama.cpp's plain CPU kernels on every machine,
+    so what it computes does not depend on which repacked path a CPU gets, and the AMX path, which
+    segfaults on some Sapphire Rapids machines (llama.cpp issue 20824, seen here), is never taken.
+    llama-cpp-python has no argument for it: its default model parameters are swapped for the call."""
+    llama_cpp = require_optional("llama_cpp")
+    from llama_cpp import llama_cpp as c_api
+
+    defaults = c_api.llama_model_default_params
+
+    def without_extra_buffers():  # type: ignore[no-untyped-def]
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    with _LLAMA_PARAMS_LOCK:
+        c_api.llama_model_default_params = without_extra_buffers
+        try:
+            return llama_cpp.Llama(model_path=str(path), verbose=False, **options)
+        finally:
+            c_api.llama_model_default_params = defaults
+

@@ -73,3 +73,22 @@ def random_walk_check(compiled, vocab, rng, *, walks: int, steps: int, pick=None
                 break
             assert m.accept_token(int(pick(vocab, choices, step, rng) if pick else rng.choice(choices)))
     return checked
+
+
+def probe_fingerprint(compiled, probes: list[bytes], *, with_steps: bool = False) -> str:
+    """A digest of what a compiled grammar answers along ``probes``: each probe's verdict and,
+    where it is accepted, the mask, the mask under a budget of 6 tokens (the completion
+    distances) and whether the grammar may end there (``with_steps``: the compile's counted
+    steps too). Two builds of one constraint that agree give one digest."""
+    import hashlib
+
+    h = hashlib.sha256(str(compiled.compile_steps).encode() if with_steps else b"")
+    for probe in probes:
+        m = GrammarMatcher(compiled)
+        ok = m.accept_bytes(probe)
+        h.update(bytes([ok]))
+        if ok:
+            h.update(compiled.token_mask(m.state).tobytes())
+            h.update(compiled.budgeted_token_mask(m.state, 6).tobytes())
+            h.update(bytes([m.can_terminate()]))
+    return h.hexdigest()

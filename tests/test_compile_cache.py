@@ -8,7 +8,6 @@ same masks and the same verdicts as the plain in-process compile.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -19,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grammar import CompileBudget, Constraint, GrammarBudgetError, GrammarMatcher, SchemaError, TokenVocabulary, api
+from grammar import CompileBudget, Constraint, GrammarBudgetError, SchemaError, TokenVocabulary, api
 from grammar.compile_worker import CompilePool
 from grammar.disk_cache import DiskCache
+from mask_reference import probe_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = TokenVocabulary.byte_level()
@@ -39,16 +39,7 @@ PROBES = [b"", b"{", b'{"id": 4', b'{"id": 12, "tags": ["ab"', b"abc", b"abc,1",
 
 def _fingerprint(compiled) -> str:
     """A digest of the masks along every probe prefix the grammar accepts (and the verdicts)."""
-    h = hashlib.sha256()
-    for probe in PROBES:
-        m = GrammarMatcher(compiled)
-        ok = m.accept_bytes(probe)
-        h.update(bytes([ok]))
-        if ok:
-            h.update(compiled.token_mask(m.state).tobytes())
-            h.update(compiled.budgeted_token_mask(m.state, 6).tobytes())  # the completion distances too
-            h.update(bytes([m.can_terminate()]))
-    return h.hexdigest()
+    return probe_fingerprint(compiled, PROBES)
 
 
 def _fresh(constraint, **kw):

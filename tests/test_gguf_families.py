@@ -25,7 +25,7 @@ from engine.model_executor.forward_batch import ForwardBatch, ForwardInput
 from engine.model_executor.model_runner import ModelRunner
 from engine.models.config import ModelConfig, ModelLoadError
 
-from conftest import require_optional
+from conftest import llama_cpp_model, require_optional
 from gguf_family_files import FAMILIES, WINDOW, build, write_family_gguf
 from model_loop import GreedyLoop
 from test_model_families import _oracle_routes
@@ -95,10 +95,9 @@ def test_routed_experts_equal_the_oracle_router(family_file):
 
 
 def test_llama_cpp_reads_the_file_as_the_same_model(family_file):
-    llama_cpp = require_optional("llama_cpp")
     family, model, path, _ = family_file
     # Phi-3: llama.cpp picks LongRoPE's table by context size; up to the original length it is the short one
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_batch=64, n_threads=1, logits_all=True, verbose=False)
+    llm = llama_cpp_model(path, n_ctx=256, n_batch=64, n_threads=1, logits_all=True)
     llm.eval(PROMPT)
     got = np.array(llm.scores[: len(PROMPT)])
     del llm
@@ -128,7 +127,7 @@ def test_missing_family_metadata_is_named(tmp_path, monkeypatch, family, writer_
 def test_quantized_experts_track_llama_cpp(tmp_path, one_thread, family):
     """Experts quantized by llama.cpp's own quantizer (Q8_0) stay quantized per expert in formcast
     and give llama.cpp's logits on the same file within activation-quantization noise."""
-    llama_cpp = require_optional("llama_cpp")
+    require_optional("llama_cpp")
     from gguf_files import quantize
 
     f32, q8 = tmp_path / "f32.gguf", tmp_path / "q8.gguf"
@@ -140,7 +139,7 @@ def test_quantized_experts_track_llama_cpp(tmp_path, one_thread, family):
     loop = GreedyLoop(runner)
     rows = [loop.add(PROMPT[:n]) for n in range(1, len(PROMPT) + 1)]
     got = loop.step(rows).numpy()
-    llm = llama_cpp.Llama(model_path=str(q8), n_ctx=256, n_batch=64, n_threads=1, logits_all=True, verbose=False)
+    llm = llama_cpp_model(q8, n_ctx=256, n_batch=64, n_threads=1, logits_all=True)
     llm.eval(PROMPT)
     ref = np.array(llm.scores[: len(PROMPT)])
     del llm

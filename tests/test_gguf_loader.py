@@ -24,7 +24,7 @@ import torch
 from engine.model_executor.model_runner import ModelRunner
 from engine.models.config import ModelLoadError
 
-from conftest import require_optional
+from conftest import llama_cpp_model, require_optional
 from gguf_files import TINY, quantize, tiny_state, write_gguf, write_tiny_pair
 from model_loop import GreedyLoop
 
@@ -103,8 +103,7 @@ LLAMA_TYPES = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q
 
 
 def _llama_cpp_logits(path, prompt: list[int], steps: int) -> tuple[np.ndarray, list[int], np.ndarray]:
-    llama_cpp = require_optional("llama_cpp")
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_batch=64, n_threads=2, logits_all=True, verbose=False)
+    llm = llama_cpp_model(path, n_ctx=256, n_batch=64, n_threads=2, logits_all=True)
     llm.eval(prompt)
     prompt_logits = np.array(llm.scores[: len(prompt)])
     tokens, decode = [], []

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import require_optional
+from conftest import llama_cpp_model, require_optional
 from model_loop import GreedyLoop
 
 PROMPTS = [
@@ -51,9 +51,9 @@ def chat_prompt_ids(path) -> list[list[int]]:  # type: ignore[no-untyped-def]
     ]  # fmt: skip
 
 
-def llama_cpp_greedy(llama_cpp, path, prompts: list[list[int]], tokens: int, **options: object) -> list[list[int]]:  # type: ignore[no-untyped-def]
+def llama_cpp_greedy(path, prompts: list[list[int]], tokens: int, **options: object) -> list[list[int]]:  # type: ignore[no-untyped-def]
     """llama.cpp's greedy continuations of each prompt (``options`` go to ``llama_cpp.Llama``)."""
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, logits_all=True, verbose=False, **options)
+    llm = llama_cpp_model(path, n_ctx=512, logits_all=True, **options)
     outputs = []
     for prompt in prompts:
         llm.reset()
@@ -82,7 +82,7 @@ AGREEMENT_TARGET = 14
 
 @pytest.mark.slow
 def test_smollm2_q4_1_greedy_matches_llama_cpp():
-    llama_cpp = require_optional("llama_cpp")
+    require_optional("llama_cpp")
     from engine.hf.model_files import gguf_path
     from engine.model_executor.model_runner import ModelRunner
 
@@ -90,7 +90,7 @@ def test_smollm2_q4_1_greedy_matches_llama_cpp():
     prompts = chat_prompt_ids(path)
     runner = ModelRunner(path, max_total_tokens=4096, max_running_requests=len(prompts))
     ours = GreedyLoop(runner).greedy(prompts, NEW_TOKENS, eos={EOS})
-    theirs = llama_cpp_greedy(llama_cpp, path, prompts, NEW_TOKENS, n_batch=512, n_threads=2)
+    theirs = llama_cpp_greedy(path, prompts, NEW_TOKENS, n_batch=512, n_threads=2)
     same = sum(a == b for a, b in zip(ours, theirs))
     report = [(i, next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)) for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
     assert same >= AGREEMENT_FLOOR, f"{same}/16 identical; (prompt, first differing token): {report}"

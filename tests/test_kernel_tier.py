@@ -7,7 +7,6 @@ Python, switches, and gives the same greedy output on the compiled kernels."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -17,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from grammar import CompileBudget, Constraint, GrammarBudgetError, GrammarMatcher, api, kernel_tier
+from grammar import CompileBudget, Constraint, GrammarBudgetError, api, kernel_tier
+from mask_reference import probe_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,16 +44,7 @@ PROBES = [b"", b"{", b'{"name": "Marie', b'{"name": "Marie Curie", "born": 18', 
 def _fingerprint(compiled) -> str:
     """Masks (plain and with a budget of 6 tokens) and verdicts along every probe the grammar
     accepts, and the compile's counted steps."""
-    h = hashlib.sha256(str(compiled.compile_steps).encode())
-    for probe in PROBES:
-        m = GrammarMatcher(compiled)
-        ok = m.accept_bytes(probe)
-        h.update(bytes([ok]))
-        if ok:
-            h.update(compiled.token_mask(m.state).tobytes())
-            h.update(compiled.budgeted_token_mask(m.state, 6).tobytes())
-            h.update(bytes([m.can_terminate()]))
-    return h.hexdigest()
+    return probe_fingerprint(compiled, PROBES, with_steps=True)
 
 
 @pytest.fixture
