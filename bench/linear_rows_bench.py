@@ -53,25 +53,23 @@ def main() -> None:
     print(f"# {args.matrices} matrices [{args.n} x {args.k}], {args.threads} thread(s); ms per call set (CPU time)\n")
     print("| weights | rows | torch F.linear | loop, row after row | loop, four rows at a time | grouped / alone | bits equal |")
     print("|---|---:|---:|---:|---:|---:|---|")
-    for bf16 in (False, True):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
         ws = [rng.standard_normal((args.n, args.k), dtype=np.float32) for _ in range(args.matrices)]
-        tw = [torch.from_numpy(w).to(torch.bfloat16 if bf16 else torch.float32) for w in ws]
-        kw = [w.view(torch.uint16).numpy() if bf16 else w.numpy() for w in tw]
-        kernel = cpu_linear._linear_bf16 if bf16 else cpu_linear._linear_f32
+        tw = [torch.from_numpy(w).to(dtype) for w in ws]
         for rows in (1, 4, 5, 8, 16):
             x = rng.standard_normal((rows, args.k), dtype=np.float32)
-            tx = torch.from_numpy(x).to(tw[0].dtype)
-            outs = {g: [np.empty((rows, args.n), np.float32) for _ in kw] for g in (False, True)}
+            tx = torch.from_numpy(x).to(dtype)
+            outs = {g: [np.empty((rows, args.n), np.float32) for _ in tw] for g in (False, True)}
 
             def loop(grouped: bool) -> None:
-                for w, out in zip(kw, outs[grouped]):
-                    kernel(x, w, out, grouped)
+                for w, out in zip(tw, outs[grouped]):
+                    cpu_linear._run_loop(x, w, out, grouped)
 
             with torch.inference_mode():
                 t_torch = best_ms(lambda: [F.linear(tx, w) for w in tw])
             alone, grouped = best_ms(lambda: loop(False)), best_ms(lambda: loop(True))
             equal = all(np.array_equal(a, b) for a, b in zip(outs[False], outs[True]))
-            name = "bfloat16" if bf16 else "float32"
+            name = str(dtype).removeprefix("torch.")
             print(f"| {name} | {rows} | {t_torch:.2f} | {alone:.2f} | {grouped:.2f} | {grouped / alone:.2f} | {equal} |", flush=True)
 
 

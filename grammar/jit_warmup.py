@@ -9,7 +9,10 @@ what it compiled to numba's on-disk cache, and the caller's own first use
 (``token_masks.vocabulary_masks``, run before the engine reports ready) only loads it.
 
 A marker file in the cache directory, named by a hash of the kernel modules' sources and the
-numba and Python versions, records that the cache is warm, so a warm start spawns nothing. A
+numba and Python versions, records that the cache is warm, so a warm start spawns nothing; each
+child also marks its own lane when done (all lanes marked is warm too), so children that outlive
+their caller (an engine that answered from ``kernel_tier``'s Python twins and exited) still leave
+a warm cache. They inherit the warm-up lock and hold it until they exit. A
 lock file beside it makes concurrent processes on one cold cache (test workers, server replicas)
 compile once: the first spawns the children, the others wait for its marker. Nothing here
 changes a result: a child that fails or is never started only means the caller compiles on

@@ -1,5 +1,5 @@
-"""The compiled CPU linear loop equals ``F.linear`` (float32 and bfloat16 weights, with and
-without bias, row counts on both sides of the float32 switch-over) and is the path taken."""
+"""The compiled CPU linear loop equals ``F.linear`` (float32, bfloat16 and float16 weights, with
+and without bias, row counts on both sides of the float32 switch-over) and is the path taken."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from engine.layers import cpu_linear
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 3, 17, 64, 70])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_equals_torch(dtype, rows, with_bias):
@@ -30,13 +30,27 @@ def test_linear_equals_torch(dtype, rows, with_bias):
     assert compiled == (rows <= cpu_linear.MAX_ROWS_F32 or dtype in cpu_linear.ROW_INVARIANT_DTYPES)
 
 
-def test_grad_mode_and_half_use_torch():
+def test_grad_mode_uses_torch_and_half_the_loop():
     x, w = torch.randn(2, 8), torch.randn(4, 8)
     assert not cpu_linear.uses_compiled_loop(x, w)  # autograd on: torch keeps the graph
     with torch.inference_mode():
         assert cpu_linear.uses_compiled_loop(x, w)
-        assert not cpu_linear.uses_compiled_loop(x.half(), w.half())
+        # float16 too: torch's half GEMM on CPUs with half arithmetic depends on the batch
+        assert cpu_linear.uses_compiled_loop(x.half(), w.half())
         assert not cpu_linear.uses_compiled_loop(x, w.t())  # not contiguous
+
+
+def test_half_weights_widen_exactly():
+    """The float16 table widens every one of the 65,536 values as torch does (infinities,
+    subnormals and signed zeros included, bit for bit; NaNs stay NaNs: torch also sets their
+    quiet bit)."""
+    import numpy as np
+
+    wide = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.float16).float().numpy()
+    table = cpu_linear._halves().view(np.float32)
+    nan = np.isnan(wide)
+    assert nan.sum() == 2046 and np.array_equal(np.isnan(table), nan)
+    assert np.array_equal(table[~nan].view(np.uint32), wide[~nan].view(np.uint32))
 
 
 # --- bit-exact batch invariance: a row's output alone equals its output beside other rows, on
@@ -54,7 +68,7 @@ def split_all():
     numba.set_num_threads(before)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_linear_rows_do_not_depend_on_their_batch_or_split(split_all, dtype):
     g = torch.Generator().manual_seed(7)
     x = torch.randn(9, 203, generator=g)  # odd widths: vector remainders on every row
@@ -98,7 +112,7 @@ def test_four_row_groups_only_where_they_agree(monkeypatch, agree):
 
     seen = []
     kernel = cpu_linear._linear_f32
-    monkeypatch.setattr(cpu_linear, "_ROWS_AGREE", {False: agree, True: agree})
+    monkeypatch.setattr(cpu_linear, "_ROWS_AGREE", {torch.float32: agree, torch.bfloat16: agree})
     monkeypatch.setattr(cpu_linear, "_linear_f32", lambda x, w, out, grouped: (seen.append(grouped), kernel(x, w, out, grouped)))
     g = torch.Generator().manual_seed(3)
     x, w = torch.randn(6, 203, generator=g), torch.randn(70, 203, generator=g)

@@ -64,7 +64,8 @@ class Engine:
         self.args = EngineArgs.from_options(model_path, **options)
         args = self.args
         # A fresh install compiles the grammar kernels in child processes while the model loads;
-        # they are loaded before the engine is ready, so no request waits for a JIT compile.
+        # until they are done the engine runs their Python twins (grammar.kernel_tier), so no
+        # request waits for a JIT compile and the engine is ready as soon as the model is.
         kernels = jit_warmup.start(background=args.grammar_python_tier)
         cold = bool(kernels.procs) or kernels.elsewhere
         if cold:  # a progress line at once: the model load that follows says nothing
@@ -159,6 +160,7 @@ class Engine:
         )  # fmt: skip
         cpu_kernel_warmup.warm_up_quantized(self.runner.model)
         cpu_kernel_warmup.warm_up_moe(self.runner.model)
+
     def shutdown(self) -> None:
         """Stop the engine; requests still running finish with ``abort``."""
         if self._closed:

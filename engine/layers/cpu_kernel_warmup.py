@@ -27,8 +27,8 @@ def warm_up(
     head geometry over a ``kv_dtype`` cache, in the variant its layers use (``f16_probs``:
     llama.cpp's precision; ``softcap``: Gemma 2's capped scores), each only where a forward
     would use it."""
-    if cpu_linear.njit is not None and weight_dtype in (torch.float32, torch.bfloat16):
-        cpu_linear.rows_agree(weight_dtype == torch.bfloat16)  # runs the loop on forward-typed arrays
+    if cpu_linear.njit is not None and weight_dtype in cpu_linear.LOOP_DTYPES:
+        cpu_linear.rows_agree(weight_dtype)  # runs the loop on forward-typed arrays
     if cpu_decode_attention.available() and kv_dtype in (torch.float32, torch.bfloat16) and heads % kv_heads == 0:
         bf16 = kv_dtype == torch.bfloat16
         q = np.zeros((1, heads, head_dim), np.float32)

@@ -26,8 +26,10 @@ Engine's ``enable_deterministic_inference`` is on) the loop runs at every row co
 result then never depends on how many rows share its forward, so a cached prefix (which shortens
 a prompt's last chunk) never changes a greedy output; a long prefill then takes longer (the loop
 does not reuse a weight tile across rows as GEMM does: 512-token SmolLM2 prefill +70%).
-Without the loop (no numba, a non-contiguous weight), bfloat16 weights are widened to float32
-for torch's GEMM.
+Without the loop (no numba, a non-contiguous weight), bfloat16 and float16 weights are widened to
+float32 for torch's GEMM. float16 weights take the loop as bfloat16 ones do, widened exactly
+through a table: torch's half GEMM on CPUs with half arithmetic (AVX512-FP16, AMX) gives a row
+other bits in another batch, which broke verification's batch invariance on such a CPU.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ except ImportError:  # pragma: no cover
     njit = None
 
 MAX_ROWS_F32 = 64  # float32 activation rows up to which the loop replaces torch's GEMM
+# Weight dtypes the loop multiplies (float16 too: torch's half GEMM on CPUs with half arithmetic,
+# AVX512-FP16 / AMX, gives a row other bits in another batch, which would break batch invariance).
+LOOP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Weight dtypes multiplied by the loop at every row count: a row's result then never depends on
 # how many rows share its forward (a cached prefix changes a prompt's last chunk; see
 # ``uses_compiled_loop``).
@@ -64,9 +69,11 @@ if njit is not None:
                 _dot_rows(x, w[n], out, n, full)
 
     @njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
-    def _linear_bf16(x, w_bits, out, grouped):  # pragma: no cover - compiled
-        """As ``_linear_f32`` with w [N, K] as bfloat16 bits (uint16): each row is widened to
-        float32 (its bits are the top half of a float32) once, then used for every row of x."""
+    def _linear_u16(x, w_bits, halves, out, grouped):  # pragma: no cover - compiled
+        """As ``_linear_f32`` with w [N, K] as 16-bit float bits (uint16): each row is widened to
+        float32 once, then used for every row of x. bfloat16 (``halves`` empty): its bits are the
+        top half of a float32; float16: ``halves`` holds the float32 bits of each of the 65,536
+        values (exact)."""
         rows, k_dim = x.shape
         n_out = w_bits.shape[0]
         full = rows - rows % 4 if grouped else 0
@@ -74,8 +81,12 @@ if njit is not None:
             row = np.empty(k_dim, dtype=np.float32)
             bits = row.view(np.uint32)
             for n in range(blk * _BLOCK, min(n_out, blk * _BLOCK + _BLOCK)):
-                for k in range(k_dim):
-                    bits[k] = np.uint32(w_bits[n, k]) << np.uint32(16)
+                if halves.shape[0] == 0:
+                    for k in range(k_dim):
+                        bits[k] = np.uint32(w_bits[n, k]) << np.uint32(16)
+                else:
+                    for k in range(k_dim):
+                        bits[k] = halves[w_bits[n, k]]
                 _dot_rows(x, row, out, n, full)
 
     # Inlined into both loops (compiled with their flags). Rows [0, full) four at a time: one read
@@ -112,29 +123,46 @@ if njit is not None:
             out[m, n] = acc
 
 
-_ROWS_AGREE: dict[bool, bool] = {}
+# The float32 bits of every float16 value, indexed by its 16 bits (256 KB, made on first use).
+_HALVES: list[np.ndarray] = []
+_NO_HALVES = np.zeros(0, dtype=np.uint32)
 
 
-def rows_agree(bf16: bool) -> bool:
+def _halves() -> np.ndarray:
+    if not _HALVES:
+        _HALVES.append(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32))
+    return _HALVES[0]
+
+
+def _run_loop(x32: np.ndarray, weight: torch.Tensor, out: np.ndarray, grouped: bool) -> None:
+    """The loop for ``weight``'s dtype (float32, bfloat16 or float16)."""
+    if weight.dtype == torch.float32:
+        _linear_f32(x32, weight.numpy(), out, grouped)
+    else:
+        halves = _halves() if weight.dtype == torch.float16 else _NO_HALVES
+        _linear_u16(x32, weight.view(torch.uint16).numpy(), halves, out, grouped)
+
+
+_ROWS_AGREE: dict[torch.dtype, bool] = {}
+
+
+def rows_agree(dtype: torch.dtype) -> bool:
     """Whether the loop's four-row groups give every row the bits it gets alone, on this machine's
     compiled code (checked once per weight dtype on random rows of a few widths, vector remainders
     included). Where they would not, every row runs alone: slower at four rows and more, never
     a result that depends on the batch."""
-    known = _ROWS_AGREE.get(bf16)
+    known = _ROWS_AGREE.get(dtype)
     if known is None:
-        rng = np.random.default_rng(0)
+        gen = torch.Generator().manual_seed(0)
         known = True
         for k_dim in (203, 576, 1536):
-            x = rng.standard_normal((5, k_dim), dtype=np.float32)
-            w = rng.standard_normal((70, k_dim), dtype=np.float32)
-            if bf16:
-                w = (w.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
-            kernel = _linear_bf16 if bf16 else _linear_f32
+            x = torch.randn(5, k_dim, generator=gen).numpy()
+            w = torch.randn(70, k_dim, generator=gen).to(dtype)
             grouped, alone = np.empty((5, 70), np.float32), np.empty((5, 70), np.float32)
-            kernel(x, w, grouped, True)
-            kernel(x, w, alone, False)
+            _run_loop(x, w, grouped, True)
+            _run_loop(x, w, alone, False)
             known = known and bool(np.array_equal(grouped, alone))
-        _ROWS_AGREE[bf16] = known
+        _ROWS_AGREE[dtype] = known
     return known
 
 
@@ -146,7 +174,7 @@ def uses_compiled_loop(x: torch.Tensor, weight: torch.Tensor) -> bool:
     rows_ok = 0 < x.shape[0] <= MAX_ROWS_F32 or (x.shape[0] > 0 and weight.dtype in ROW_INVARIANT_DTYPES)
     return (
         njit is not None and x.device.type == "cpu" and x.dim() == 2 and rows_ok
-        and weight.dtype in (torch.float32, torch.bfloat16) and weight.is_contiguous() and not torch.is_grad_enabled()
+        and weight.dtype in LOOP_DTYPES and weight.is_contiguous() and not torch.is_grad_enabled()
     )  # fmt: skip
 
 
@@ -160,18 +188,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             out += bias
         return out if x.dtype == torch.float32 else out.to(x.dtype)
     if not uses_compiled_loop(x, weight):
-        if weight.dtype == torch.bfloat16 and x.device.type == "cpu" and not torch.is_grad_enabled():
+        if weight.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cpu" and not torch.is_grad_enabled():
             wide_bias = None if bias is None else bias.float()
             return F.linear(x.float(), weight.float(), wide_bias).to(x.dtype)
         return F.linear(x, weight, bias)
     x32 = x.float().contiguous()
     out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
-    bf16 = weight.dtype == torch.bfloat16
-    grouped = x.shape[0] >= 4 and rows_agree(bf16)
-    if bf16:
-        _linear_bf16(x32.numpy(), weight.view(torch.uint16).numpy(), out.numpy(), grouped)
-    else:
-        _linear_f32(x32.numpy(), weight.numpy(), out.numpy(), grouped)
+    _run_loop(x32.numpy(), weight, out.numpy(), x.shape[0] >= 4 and rows_agree(weight.dtype))
     if bias is not None:
         out += bias
     return out if x.dtype == torch.float32 else out.to(x.dtype)
