@@ -66,7 +66,8 @@ def measure(processes: int, enum_size: int, quiet_s: float) -> dict[str, float]:
     if error:
         raise RuntimeError(error)
     quiet = [g for t, g in itls if t < t0 - 0.5]
-    during = [g for t, g in itls if t0 <= t <= t1]
+    # No token at all during the compile: the stream stalled for at least the whole compile.
+    during = [g for t, g in itls if t0 <= t <= t1] or [t1 - t0]
     q = statistics.median(quiet)
     deciles = statistics.quantiles(during, n=10) if len(during) >= 2 else [during[0]] * 9
     return {"compile_s": t1 - t0, "quiet_p50_ms": 1000 * q, "during_p50_ms": 1000 * statistics.median(during),

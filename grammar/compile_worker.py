@@ -46,6 +46,40 @@ def _receive(stream):
     return pickle.loads(data)
 
 
+# Priority of the compile processes. A compile starts at SCHED_IDLE: on a machine whose cores the
+# running requests' decode steps fill, it takes only the time they leave (measured on 2 cores, a
+# 120,000-string enum while a request streamed: ITL p50 1.25x / p90 1.58x quiet at the caller's
+# priority, 0.98x / 1.15x at SCHED_IDLE, the compile 1.5 s -> 4.1 s). A compile still running
+# after IDLE_SECONDS goes to niceness BACKGROUND_NICE, so a machine that is never idle (other
+# work on every core) delays it, never starves it. Verdicts count work, not time (``budget``),
+# so neither changes one; only the wall-clock backstop sees a slower compile.
+IDLE_SECONDS = 5.0
+BACKGROUND_NICE = 10
+
+
+def _can_leave_idle() -> bool:
+    """Whether this process may move a child out of SCHED_IDLE again (Linux allows it to root,
+    or where RLIMIT_NICE admits the niceness); without that, SCHED_IDLE would be for good, and
+    the children only get niceness BACKGROUND_NICE."""
+    try:
+        import resource
+
+        return hasattr(os, "SCHED_IDLE") and (os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 - BACKGROUND_NICE)
+    except (AttributeError, ImportError, OSError, ValueError):
+        return False
+
+
+def _set_priority(pid: int, idle: bool) -> None:
+    try:
+        if idle:
+            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        else:
+            os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, pid, BACKGROUND_NICE)
+    except (AttributeError, OSError):  # not on this platform: the child keeps its priority
+        pass
+
+
 class _Child:
     def __init__(self) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p))
@@ -53,10 +87,23 @@ class _Child:
             [sys.executable, "-m", "grammar.compile_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env=env, cwd=_ROOT,
         )
+        self.idle_first = _can_leave_idle()
+        _set_priority(self.proc.pid, idle=False)  # niceness BACKGROUND_NICE between and after compiles
 
     def run(self, constraint, budget):
-        _send(self.proc.stdin, (constraint, budget))
-        ok, value = _receive(self.proc.stdout)
+        promote = None
+        if self.idle_first:
+            _set_priority(self.proc.pid, idle=True)
+            promote = threading.Timer(IDLE_SECONDS, _set_priority, (self.proc.pid, False))
+            promote.daemon = True
+            promote.start()
+        try:
+            _send(self.proc.stdin, (constraint, budget))
+            ok, value = _receive(self.proc.stdout)
+        finally:
+            if promote is not None:
+                promote.cancel()
+                _set_priority(self.proc.pid, idle=False)
         if ok:
             return value
         raise value
