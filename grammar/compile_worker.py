@@ -20,6 +20,7 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import GrammarBudgetError, GrammarError
@@ -46,36 +47,32 @@ def _receive(stream):
     return pickle.loads(data)
 
 
-# Priority of the compile processes. A compile starts at SCHED_IDLE: on a machine whose cores the
-# running requests' decode steps fill, it takes only the time they leave (measured on 2 cores, a
-# 120,000-string enum while a request streamed: ITL p50 1.25x / p90 1.58x quiet at the caller's
-# priority, 0.98x / 1.15x at SCHED_IDLE, the compile 1.5 s -> 4.1 s). A compile still running
-# after IDLE_SECONDS goes to niceness BACKGROUND_NICE, so a machine that is never idle (other
-# work on every core) delays it, never starves it. Verdicts count work, not time (``budget``),
-# so neither changes one; only the wall-clock backstop sees a slower compile.
+# Priority of a compile while requests are running (the caller says so: ``CompilePool.busy``). It
+# starts at SCHED_IDLE: on a machine whose cores the running requests' decode steps fill, it takes
+# only the time they leave (measured on 2 cores, a 120,000-string enum while a request streamed:
+# ITL p50 1.25x / p90 1.58x quiet at the caller's priority, 0.98x / 1.10x idle first; the compile
+# 1.5 s -> 4.9 s). After IDLE_SECONDS it is back at the caller's priority, so a machine that is
+# never idle delays it, never starves it. With nothing running, a compile keeps the caller's
+# priority: it is then what the machine waits for. Verdicts count work, not time (``budget``), so
+# neither changes one; only the wall-clock backstop sees a slower compile.
 IDLE_SECONDS = 5.0
-BACKGROUND_NICE = 10
 
 
 def _can_leave_idle() -> bool:
-    """Whether this process may move a child out of SCHED_IDLE again (Linux allows it to root,
-    or where RLIMIT_NICE admits the niceness); without that, SCHED_IDLE would be for good, and
-    the children only get niceness BACKGROUND_NICE."""
+    """Whether this process may move a child out of SCHED_IDLE again (Linux lets root do it, or a
+    process whose RLIMIT_NICE admits niceness 0); without that, SCHED_IDLE would be for good, so
+    it is not used."""
     try:
         import resource
 
-        return hasattr(os, "SCHED_IDLE") and (os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 - BACKGROUND_NICE)
+        return hasattr(os, "SCHED_IDLE") and (os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20)
     except (AttributeError, ImportError, OSError, ValueError):
         return False
 
 
-def _set_priority(pid: int, idle: bool) -> None:
+def _set_idle(pid: int, idle: bool) -> None:
     try:
-        if idle:
-            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
-        else:
-            os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
-            os.setpriority(os.PRIO_PROCESS, pid, BACKGROUND_NICE)
+        os.sched_setscheduler(pid, os.SCHED_IDLE if idle else os.SCHED_OTHER, os.sched_param(0))
     except (AttributeError, OSError):  # not on this platform: the child keeps its priority
         pass
 
@@ -87,23 +84,21 @@ class _Child:
             [sys.executable, "-m", "grammar.compile_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env=env, cwd=_ROOT,
         )
-        self.idle_first = _can_leave_idle()
-        _set_priority(self.proc.pid, idle=False)  # niceness BACKGROUND_NICE between and after compiles
 
-    def run(self, constraint, budget):
-        promote = None
-        if self.idle_first:
-            _set_priority(self.proc.pid, idle=True)
-            promote = threading.Timer(IDLE_SECONDS, _set_priority, (self.proc.pid, False))
-            promote.daemon = True
-            promote.start()
+    def run(self, constraint, budget, idle_first: bool = False):
+        back = None
+        if idle_first and _can_leave_idle():
+            _set_idle(self.proc.pid, True)
+            back = threading.Timer(IDLE_SECONDS, _set_idle, (self.proc.pid, False))
+            back.daemon = True
+            back.start()
         try:
             _send(self.proc.stdin, (constraint, budget))
             ok, value = _receive(self.proc.stdout)
         finally:
-            if promote is not None:
-                promote.cancel()
-                _set_priority(self.proc.pid, idle=False)
+            if back is not None:
+                back.cancel()
+                _set_idle(self.proc.pid, False)
         if ok:
             return value
         raise value
@@ -118,10 +113,12 @@ class _Child:
 
 
 class CompilePool:
-    """``size`` child processes, started on first use; one compile at a time each."""
+    """``size`` child processes, started on first use; one compile at a time each. ``busy``: says
+    whether requests are running (a compile then waits for idle CPU first, see IDLE_SECONDS)."""
 
-    def __init__(self, size: int = 1) -> None:
+    def __init__(self, size: int = 1, busy: Callable[[], bool] | None = None) -> None:
         self.size = max(1, size)
+        self.busy = busy
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
         for _ in range(self.size):
             self._idle.put(None)  # a slot without a child yet
@@ -137,7 +134,7 @@ class CompilePool:
                 with self._lock:
                     self._children.add(child)
             try:
-                return child.run(constraint, budget)
+                return child.run(constraint, budget, idle_first=self.busy is not None and self.busy())
             except (EOFError, BrokenPipeError, OSError):
                 code = child.proc.wait()
                 with self._lock:

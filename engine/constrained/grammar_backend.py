@@ -144,6 +144,12 @@ class GrammarBackend:
             for _ in range(self._processes.size):
                 self._pool.submit(self._processes, probe, CompileBudget())
 
+    def compile_beside(self, running: Callable[[], bool]) -> None:
+        """``running()`` says whether requests are decoding: a compile process then waits for idle
+        CPU first (``grammar.compile_worker.IDLE_SECONDS``), so their decode steps keep the cores."""
+        if self._processes is not None:
+            self._processes.busy = running
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:

@@ -141,6 +141,7 @@ class Engine:
         )
         spec = build_worker(speculative, self.runner, self.tokenizer, self.texts, self.vocab)
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.vocab, self.grammar_backend, config, self._delivery.put, spec)
+        self.grammar_backend.compile_beside(lambda: bool(self.scheduler.running))
         if args.freeze_gc_after_startup:
             gc.collect()
             gc.freeze()
