@@ -13,7 +13,8 @@ same verdicts, same compile steps: ``tests/test_kernel_tier.py`` compares them.
 Where the two meet:
 
 * kernels over arrays alone choose per call: ``pick(kernel)`` is the compiled dispatcher once the
-  process runs compiled kernels, else its Python twin;
+  process runs compiled kernels (or at once for a kernel declared with its signatures, which
+  numba compiles when its module is imported), else its Python twin;
 * the determinizer's ``Core`` belongs to the build that made it (compiled code cannot read a plain
   class): a ``LazyAutomaton`` keeps the determinizer it was created with, and a walk over a core
   picks by the core (``pick_for(core, kernel)``). A grammar built in the Python tier keeps running
@@ -173,15 +174,27 @@ def _quiet(fn: Callable) -> Callable:
 _PICKED: dict[Any, Callable] = {}
 
 
-def pick(kernel: Any) -> Callable:
-    """``kernel`` itself in a process running compiled kernels, else its Python twin (a function
-    that is not a numba dispatcher, as inside a twin, is returned as it is)."""
-    if _compiled or not hasattr(kernel, "py_func") or getattr(_local, "compiled", False):
-        return kernel
+def _twin_of(kernel: Any) -> Callable:
     fn = _PICKED.get(kernel)
     if fn is None:
         fn = _PICKED[kernel] = python_function(kernel)
     return fn
+
+
+def _compiled_at_import(kernel: Any) -> bool:
+    # A kernel declared with its signatures (``@njit("void(uint32[::1], ...)")``) is compiled, or
+    # loaded from the cache, when its module is imported, and numba then refuses to compile it
+    # again: it never waits for a JIT compile, and its twin would only be slower.
+    return getattr(kernel, "_can_compile", True) is False
+
+
+def pick(kernel: Any) -> Callable:
+    """``kernel`` itself in a process running compiled kernels (or when it was compiled at import),
+    else its Python twin (a function that is not a numba dispatcher, as inside a twin, is
+    returned as it is)."""
+    if _compiled or not hasattr(kernel, "py_func") or getattr(_local, "compiled", False) or _compiled_at_import(kernel):
+        return kernel
+    return _twin_of(kernel)
 
 
 def is_python(core: Any) -> bool:
@@ -193,10 +206,7 @@ def pick_for(core: Any, kernel: Any) -> Callable:
     """The build of ``kernel`` that can read ``core``: its Python twin for a core the twin made."""
     if not isinstance(core, _StructRefProxy) or not hasattr(kernel, "py_func"):
         return kernel
-    fn = _PICKED.get(kernel)
-    if fn is None:
-        fn = _PICKED[kernel] = python_function(kernel)
-    return fn
+    return _twin_of(kernel)
 
 
 _ENTRY_POINTS: dict[str, types.SimpleNamespace] = {}

@@ -151,7 +151,7 @@ class Tripwire:  # a compiled kernel that records each call (its twin is found t
 for name, module in list(sys.modules.items()):
     if name.startswith("grammar") and module is not None:
         for attr, value in list(vars(module).items()):
-            if isinstance(value, CPUDispatcher):
+            if isinstance(value, CPUDispatcher) and value._can_compile:  # not the ones compiled at import
                 setattr(module, attr, Tripwire(value))
 kernel_tier.use_python()
 vocab = TokenVocabulary.from_tokenizer(load_default_tokenizer())

@@ -34,6 +34,8 @@ other bits in another batch, which broke verification's batch invariance on such
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -123,15 +125,13 @@ if njit is not None:
             out[m, n] = acc
 
 
-# The float32 bits of every float16 value, indexed by its 16 bits (256 KB, made on first use).
-_HALVES: list[np.ndarray] = []
 _NO_HALVES = np.zeros(0, dtype=np.uint32)
 
 
+@functools.cache
 def _halves() -> np.ndarray:
-    if not _HALVES:
-        _HALVES.append(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32))
-    return _HALVES[0]
+    """The float32 bits of every float16 value, indexed by its 16 bits (256 KB, made on first use)."""
+    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
 
 
 def _run_loop(x32: np.ndarray, weight: torch.Tensor, out: np.ndarray, grouped: bool) -> None:
