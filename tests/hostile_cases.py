@@ -1,6 +1,10 @@
 """Hostile and huge constraints, and a runner that compiles one in a child process under a time
 and memory limit.
 
+The children are forked from one case server that has imported the compiler and loaded its
+kernels (an interpreter start and the imports were most of a case's time); each child is still a
+process of its own, so a crash, a hang or a limit ends only that case.
+
 Each case is (kind, source builder). The child compiles the source against a byte-level
 vocabulary, fills the first mask, and prints one JSON line: the outcome ("compiled" or the
 GrammarError subclass raised), its message and the seconds taken. Anything else (a hang, a
@@ -9,6 +13,7 @@ RecursionError, a MemoryError, a crash) is what these cases exist to catch.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -125,30 +130,71 @@ class CaseResult:
 def run_case(name: str, timeout: float = CASE_SECONDS) -> CaseResult:
     """Compile case ``name`` in a child process; never raises for what the child does."""
     start = time.monotonic()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]))
     try:
-        proc = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), name], capture_output=True, text=True, timeout=timeout, env=env, cwd=_ROOT
-        )
-    except subprocess.TimeoutExpired:
+        reply = _case_server().ask(name, timeout)
+    except TimeoutError:
         return CaseResult(name, "timeout", f"no answer within {timeout:g} s", time.monotonic() - start)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode == -signal.SIGXCPU:
+    status, line, stderr = reply["status"], reply["line"], reply["stderr"]
+    if status == -signal.SIGXCPU:
         return CaseResult(name, "timeout", f"no answer within {CASE_CPU_SECONDS} s of CPU time", time.monotonic() - start)
-    if proc.returncode != 0 or not lines:
-        return CaseResult(name, f"crash: exit {proc.returncode}", proc.stderr[-2000:], time.monotonic() - start)
-    data = json.loads(lines[-1])
+    if status != 0 or not line:
+        return CaseResult(name, f"crash: exit {status}", stderr[-2000:], time.monotonic() - start)
+    data = json.loads(line)
     return CaseResult(name, data["outcome"], data["message"], data["seconds"], data.get("steps", -1))
 
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+class _CaseServer:
+    """One process that imports the compiler and loads its kernels once, then forks a fresh child
+    per case: a child costs a fork instead of an interpreter start and 1 to 2 s of imports, and a
+    crash, a hang or a limit still ends only that child."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]))
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--serve"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=_ROOT,
+        )  # fmt: skip
+        atexit.register(self.close)
+
+    def ask(self, name: str, timeout: float) -> dict:
+        self.proc.stdin.write(json.dumps({"name": name, "timeout": timeout}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the case server exited with {self.proc.wait()}")
+        reply = json.loads(line)
+        if reply.get("timeout"):
+            raise TimeoutError(name)
+        return reply
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+_SERVER: _CaseServer | None = None
+
+
+def _case_server() -> _CaseServer:
+    global _SERVER
+    if _SERVER is None or _SERVER.proc.poll() is not None:
+        _SERVER = _CaseServer()
+    return _SERVER
+
+
 def _child(name: str) -> None:
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (CASE_MEMORY_BYTES, CASE_MEMORY_BYTES))
-    resource.setrlimit(resource.RLIMIT_CPU, (CASE_CPU_SECONDS, CASE_CPU_SECONDS))
+    # SIGXCPU at the soft limit (reported as a timeout); SIGKILL only if the child outlives it.
+    resource.setrlimit(resource.RLIMIT_CPU, (CASE_CPU_SECONDS, CASE_CPU_SECONDS + 10))
     from grammar import CompileBudget, GrammarError, TokenVocabulary, api
 
     # Byte-level tokens: the budgets under test are the compiler's; a real vocabulary would add
@@ -167,6 +213,62 @@ def _child(name: str) -> None:
     print(json.dumps({"outcome": outcome, "message": message, "seconds": time.monotonic() - start, "steps": steps}), flush=True)
 
 
+def _wait(pid: int, timeout: float) -> int | None:
+    """The child's wait status, or None after killing it at the wall-clock backstop."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
+
+
+def _serve() -> None:
+    """The case server's loop: one request line in, one reply line out, a forked child between."""
+    import tempfile
+
+    from grammar import TokenVocabulary, api
+
+    # Loads the compiled kernels (numba reads its cache on first call) once for every child.
+    api.compile_regex("[a-z]{1,3}", TokenVocabulary.byte_level()).token_mask(0)
+    api.clear_cache()  # each child starts with no compiled grammar, as a fresh interpreter would
+    for request in sys.stdin:
+        ask = json.loads(request)
+        with tempfile.TemporaryFile("w+b") as out, tempfile.TemporaryFile("w+b") as err:
+            sys.stdout.flush()
+            pid = os.fork()
+            if pid == 0:  # the child: its own stdout and stderr, never back into this loop
+                code = 0
+                try:
+                    os.dup2(out.fileno(), 1)
+                    os.dup2(err.fileno(), 2)
+                    _child(ask["name"])
+                except BaseException:
+                    import traceback
+
+                    traceback.print_exc()
+                    code = 1
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
+            status = _wait(pid, ask["timeout"])
+            if status is None:
+                print(json.dumps({"timeout": True}), flush=True)
+                continue
+            out.seek(0)
+            err.seek(0)
+            lines = [x for x in out.read().decode("utf-8", "replace").splitlines() if x.startswith("{")]
+            reply = {"status": os.waitstatus_to_exitcode(status), "line": lines[-1] if lines else "", "stderr": err.read().decode("utf-8", "replace")}
+            print(json.dumps(reply), flush=True)
+
+
 if __name__ == "__main__":
     sys.path.insert(0, _ROOT)
-    _child(sys.argv[1])
+    if sys.argv[1] == "--serve":
+        _serve()
+    else:
+        _child(sys.argv[1])
