@@ -31,7 +31,7 @@ import numpy as np
 try:  # numba is a dependency; keep the engine importable (torch path) if its install is broken
     from numba import njit, prange
 
-    from .ggml_quants import round_half
+    from .fp16_round import round_half
 except ImportError:  # pragma: no cover
     njit = None
 
