@@ -568,11 +568,12 @@ def _free_port() -> int:
 def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits():
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    # The grace period: long enough for a 3-token request on a loaded machine (6 s was not, at a
-    # load average of 14), far too short for the 3,000-token one, which must be aborted.
+    # The grace period: the signal comes once the short request has its first token (two more
+    # to go: well under a second of a 135M model's decode, seconds even at a load average of 14),
+    # and it is far too short for the 3,000-token request, which must be aborted.
     proc = subprocess.Popen(
         [sys.executable, "-m", "engine", "serve", "--port", str(port), "--dtype", "float32", "--max-total-tokens", "4000",
-         "--num-threads", "1", "--shutdown-timeout", "20", "--no-access-log"],
+         "--num-threads", "1", "--shutdown-timeout", "6", "--no-access-log"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -588,20 +589,28 @@ def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits():
                                                      stream=True, extra_body={"ignore_eos": True})  # fmt: skip
         first = next(iter(long_stream))
         assert first.choices[0].delta.role == "assistant"
-        short: dict = {}
-        short_thread = threading.Thread(target=lambda: short.update(r=client.chat.completions.create(
-            model="SmolLM2-135M-Instruct", messages=_ask("Say hi."), max_tokens=3, temperature=0)))  # fmt: skip
+        short: dict = {"chunks": []}
+        short_started = threading.Event()
+
+        def run_short() -> None:
+            stream = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=_ask("Say hi."), max_tokens=3,
+                                                    temperature=0, stream=True, stream_options={"include_usage": True})  # fmt: skip
+            for chunk in stream:
+                short["chunks"].append(chunk)
+                if chunk.choices and chunk.choices[0].delta.content:
+                    short_started.set()
+            short_started.set()
+
+        short_thread = threading.Thread(target=run_short)
         short_thread.start()
-        for _ in range(600):  # both requests reached the engine
-            if _metric_at(url, "formcast_num_requests_running") + _metric_at(url, "formcast_num_requests_waiting") >= 2:
-                break
-            time.sleep(0.05)
+        assert short_started.wait(120), "the short request never produced a token"
         proc.send_signal(signal.SIGTERM)
         with pytest.raises(openai.APIError, match="shutting down"):
             for _ in long_stream:
                 pass
         short_thread.join(60)
-        assert short["r"].usage.completion_tokens <= 3  # finished within the grace period
+        usage = short["chunks"][-1].usage  # finished within the grace period, with its usage chunk
+        assert usage is not None and 0 < usage.completion_tokens <= 3
         output, _ = proc.communicate(timeout=60)
         assert proc.returncode in (0, -signal.SIGTERM), output[-3000:]
         assert "engine stopped" in output, output[-3000:]
