@@ -118,6 +118,21 @@ CASES: dict[str, tuple[str, Callable[[], object]]] = {
 }
 
 
+def _segfault() -> None:
+    import ctypes
+
+    ctypes.string_at(0)
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+# Not constraints: what a broken compiler could do, for the test that the runner reports it.
+RUNNER_CHECKS: dict[str, Callable[[], None]] = {"runner_check_segfault": _segfault, "runner_check_spin": _spin}
+
+
 @dataclass(frozen=True)
 class CaseResult:
     name: str
@@ -127,16 +142,16 @@ class CaseResult:
     steps: int = -1  # compile steps counted (compiled cases): the same on every machine
 
 
-def run_case(name: str, timeout: float = CASE_SECONDS) -> CaseResult:
+def run_case(name: str, timeout: float = CASE_SECONDS, cpu_seconds: int = CASE_CPU_SECONDS) -> CaseResult:
     """Compile case ``name`` in a child process; never raises for what the child does."""
     start = time.monotonic()
     try:
-        reply = _case_server().ask(name, timeout)
+        reply = _case_server().ask(name, timeout, cpu_seconds)
     except TimeoutError:
         return CaseResult(name, "timeout", f"no answer within {timeout:g} s", time.monotonic() - start)
     status, line, stderr = reply["status"], reply["line"], reply["stderr"]
     if status == -signal.SIGXCPU:
-        return CaseResult(name, "timeout", f"no answer within {CASE_CPU_SECONDS} s of CPU time", time.monotonic() - start)
+        return CaseResult(name, "timeout", f"no answer within {cpu_seconds} s of CPU time", time.monotonic() - start)
     if status != 0 or not line:
         return CaseResult(name, f"crash: exit {status}", stderr[-2000:], time.monotonic() - start)
     data = json.loads(line)
@@ -159,8 +174,8 @@ class _CaseServer:
         )  # fmt: skip
         atexit.register(self.close)
 
-    def ask(self, name: str, timeout: float) -> dict:
-        self.proc.stdin.write(json.dumps({"name": name, "timeout": timeout}) + "\n")
+    def ask(self, name: str, timeout: float, cpu_seconds: int) -> dict:
+        self.proc.stdin.write(json.dumps({"name": name, "timeout": timeout, "cpu_seconds": cpu_seconds}) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -189,17 +204,19 @@ def _case_server() -> _CaseServer:
     return _SERVER
 
 
-def _child(name: str) -> None:
+def _child(name: str, cpu_seconds: int = CASE_CPU_SECONDS) -> None:
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (CASE_MEMORY_BYTES, CASE_MEMORY_BYTES))
     # SIGXCPU at the soft limit (reported as a timeout); SIGKILL only if the child outlives it.
-    resource.setrlimit(resource.RLIMIT_CPU, (CASE_CPU_SECONDS, CASE_CPU_SECONDS + 10))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 10))
     from grammar import CompileBudget, GrammarError, TokenVocabulary, api
 
     # Byte-level tokens: the budgets under test are the compiler's; a real vocabulary would add
     # seconds of tokenizer loading to every case (its masks are tested in test_hostile_inputs).
     vocab = TokenVocabulary.byte_level()
+    if name in RUNNER_CHECKS:
+        RUNNER_CHECKS[name]()
     kind, build = CASES[name]
     source = build()
     compile_fn = {"json_schema": api.compile_json_schema, "regex": api.compile_regex, "ebnf": api.compile_ebnf, "lark": api.compile_lark}[kind]
@@ -245,7 +262,7 @@ def _serve() -> None:
                 try:
                     os.dup2(out.fileno(), 1)
                     os.dup2(err.fileno(), 2)
-                    _child(ask["name"])
+                    _child(ask["name"], ask["cpu_seconds"])
                 except BaseException:
                     import traceback
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import sys
 
 import numpy as np
@@ -67,6 +68,15 @@ EXPECTED = {
 
 def test_every_case_has_an_expected_outcome():
     assert set(EXPECTED) == set(CASES)
+
+
+def test_the_runner_reports_a_crash_a_cpu_limit_and_a_wall_clock_limit():
+    # The cases' children are forked from one server: what ends a child must not end the server.
+    crash = run_case("runner_check_segfault")
+    assert crash.outcome == f"crash: exit {-signal.SIGSEGV}", crash
+    assert run_case("runner_check_spin", cpu_seconds=1).outcome == "timeout"
+    assert run_case("runner_check_spin", timeout=1.0).outcome == "timeout"
+    assert run_case("schema_ref_cycle").outcome == EXPECTED["schema_ref_cycle"]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
