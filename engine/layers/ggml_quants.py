@@ -15,8 +15,11 @@ A linear layer on a few activation rows (decode, speculative verification, mixed
 quantizes each row the way llama.cpp does for that format (8-bit blocks with an fp16 scale, plus
 the block sum for the formats with a minimum: Q8_1; 256-element blocks with a float32 scale and
 16-element sums for the K-quants: Q8_K), then sums code x code x both scales over the row: the
-format's own dot product (up to float rounding order), which is why greedy outputs agree with
-llama.cpp's. Each weight row is read once for all the activation rows.
+format's own dot product, which is why greedy outputs agree with llama.cpp's. Q4_0, Q4_1, Q8_0,
+and the K-quants sum each 32-element block (Q6_K: 16) exactly in integers (``int_dot``: int16
+multiply-adds in LLVM vector IR; 1.9x (nibbles) and 3-4x (int8 codes) faster than float loops
+here), then scale it, as llama.cpp's own kernels do; Q5_0 and Q5_1 run a float loop (the same sums
+up to rounding order, relative 1e-6).
 Beyond ``MAX_QUANT_ROWS`` rows (long prefills) the weight is dequantized to float32 and multiplied
 by the same quantized activations (as floats) in torch's GEMM, whose blocking wins there; a row
 gets the same numbers whichever path its batch takes, up to float summation order.
@@ -34,6 +37,7 @@ from numba import njit
 
 from .cpu_threads import run_rows
 from .fp16_round import round_half
+from .int_dot import code16_four_rows, code16_row_dot, code_four_rows, code_row_dot, nibble_four_rows, nibble_row_dot
 
 MAX_QUANT_ROWS = 32  # activation rows up to which the integer dot-product loop runs
 QK = 32
@@ -81,10 +85,10 @@ def quantize_q8_0(x, xq, xd, xs):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def _q8_dequantized(x, lo, hi, xs, split):  # pragma: no cover - compiled
-    """``quantize_q8_0`` fused with the dequantization the loops read: each code times its block's
-    fp16 scale, into ``lo`` [M, K] (``split`` false) or, per block, elements 0-15 into ``lo`` and
-    16-31 into ``hi`` [M, K/2] (the nibble formats); ``xs`` as ``quantize_q8_0``'s."""
+def _q8_dequantized(x, lo, hi, xs):  # pragma: no cover - compiled
+    """``quantize_q8_0`` fused with the dequantization the 5-bit loop reads: each code times its
+    block's fp16 scale, per block elements 0-15 into ``lo`` and 16-31 into ``hi`` [M, K/2]; ``xs``
+    as ``quantize_q8_0``'s."""
     m_rows, k_dim = x.shape
     for r in range(m_rows):
         for b in range(k_dim // 32):
@@ -96,9 +100,7 @@ def _q8_dequantized(x, lo, hi, xs, split):  # pragma: no cover - compiled
                 q = np.rint(x[r, b * 32 + j] * inv)
                 total += np.int32(q)
                 value = np.float32(q) * d
-                if not split:
-                    lo[r, b * 32 + j] = value
-                elif j < 16:
+                if j < 16:
                     lo[r, b * 16 + j] = value
                 else:
                     hi[r, b * 16 + j - 16] = value
@@ -138,13 +140,13 @@ def quantize_q8_k(x, xq, xd, xbs):  # pragma: no cover - compiled
 
 
 # --------------------------------------------------------------------------- dot-product loops
-# Each output is one flat loop over the row's codes: code * its block's scale * the dequantized
-# activation code (``x`` = activation code * its fp16 scale), i.e. sum_b d_w d_x (sum of code
-# products) regrouped into one reduction that LLVM vectorizes (a loop per block, or a widened row
-# buffer, measured 3-8x slower here). The minimum terms use the activation block sums as the
-# format defines them (Q8_1's s, Q8_K's 16-element sums). Only float rounding order separates
-# this from integer arithmetic (relative 1e-6). The 4- and 5-bit formats read the activation as
-# two halves per block (``xlo``: elements 0-15, ``xhi``: 16-31), matching each byte's two nibbles.
+# The integer loops (``_mm_nibbles``, ``_mm_int8``) call ``int_dot`` once per (output, activation
+# row). The float loop (Q5_0 / Q5_1) is one flat loop over the row's codes: code * its
+# block's scale * the dequantized activation code (``x`` = activation code * its fp16 scale), i.e.
+# sum_b d_w d_x (sum of code products) regrouped into one reduction that LLVM vectorizes. The
+# minimum terms use the activation block sums as the format defines them (Q8_1's s, Q8_K's
+# 16-element sums). The 5-bit loop reads the activation as two halves per block (``xlo``:
+# elements 0-15, ``xhi``: 16-31), matching each byte's two nibbles.
 
 
 # Inlined into each caller (compiled with its flags, so its sums round as an inline loop would).
@@ -157,17 +159,58 @@ def _plus_minimums(acc, wm, xs, n, r):  # pragma: no cover - compiled
     return acc
 
 
-@njit(fastmath=True, nogil=True, cache=True, boundscheck=False)
-def _mm_q4(n0, n1, off, qs, wd, wm, xlo, xhi, xs, out):  # pragma: no cover - compiled
-    """Output rows [n0, n1) of Q4_0 (``off`` 8, ``wm`` zero) and Q4_1 (``off`` 0); ``qs`` [N, K/2] bytes."""
-    m_rows, half = xlo.shape
+@njit(nogil=True, cache=True, boundscheck=False)
+def _mm_nibbles(n0, n1, off, qs, wd, wm, x16, xd, xs, out):  # pragma: no cover - compiled
+    """Output rows [n0, n1) of Q4_0 (``off`` 8, ``wm`` zero) and Q4_1 (``off`` 0); ``qs`` [N, K/2]
+    bytes, ``x16`` the activation's Q8 codes as int16 [M, K], ``xd`` their scales [M, K/32]: exact
+    integer block sums (``int_dot``), activation rows four at a time, then the minimum terms."""
+    m_rows = x16.shape[0]
+    blocks = wd.shape[1]
+    four = np.empty(4, np.float32)
     for n in range(n0, n1):
-        for r in range(m_rows):
-            acc = np.float32(0.0)
-            for i in range(half):
-                v = np.int32(qs[n, i])
-                acc += ((np.float32(v & 15) - off) * xlo[r, i] + (np.float32(v >> 4) - off) * xhi[r, i]) * wd[n, i >> 4]
-            out[r, n] = _plus_minimums(acc, wm, xs, n, r)
+        w, s = qs[n].ctypes.data, wd[n].ctypes.data
+        for r in range(0, m_rows - m_rows % 4, 4):
+            nibble_four_rows(w, x16[r].ctypes.data, x16.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, four.ctypes.data, off)
+            for i in range(4):
+                out[r + i, n] = _plus_minimums(four[i], wm, xs, n, r + i)
+        for r in range(m_rows - m_rows % 4, m_rows):
+            out[r, n] = _plus_minimums(nibble_row_dot(w, x16[r].ctypes.data, s, xd[r].ctypes.data, blocks, off), wm, xs, n, r)
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def _mm_int8(n0, n1, q, scale, mins, x16, xd, xsum, out):  # pragma: no cover - compiled
+    """Output rows [n0, n1) of int8 codes [N, K] with a scale per 32-element sub-block (Q8_0, and
+    Q4_K / Q5_K, whose sub-block minimums times the activation's sub-block sums ``xsum`` are
+    subtracted) or per 16 (Q6_K: ``scale`` [N, K/16]); ``xd``: the activation's scale per
+    sub-block, the weight's layout. Activation rows four at a time, as ``_mm_nibbles``."""
+    m_rows = x16.shape[0]
+    halves = scale.shape[1] * 32 == q.shape[1] * 2
+    blocks = q.shape[1] // 32
+    four = np.empty(4, np.float32)
+    for n in range(n0, n1):
+        w, s = q[n].ctypes.data, scale[n].ctypes.data
+        grouped = m_rows - m_rows % 4
+        for r in range(0, grouped, 4):
+            if halves:
+                code16_four_rows(w, x16[r].ctypes.data, x16.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, four.ctypes.data)
+            else:
+                code_four_rows(w, x16[r].ctypes.data, x16.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, four.ctypes.data)
+            for i in range(4):
+                out[r + i, n] = _minus_minimums(four[i], mins, xsum, n, r + i)
+        for r in range(grouped, m_rows):
+            if halves:
+                acc = code16_row_dot(w, x16[r].ctypes.data, s, xd[r].ctypes.data, blocks)
+            else:
+                acc = code_row_dot(w, x16[r].ctypes.data, s, xd[r].ctypes.data, blocks)
+            out[r, n] = _minus_minimums(acc, mins, xsum, n, r)
+
+
+@njit(boundscheck=False, inline="always")
+def _minus_minimums(acc, mins, xsum, n, r):  # pragma: no cover - compiled
+    """acc minus the K-quants' sub-block minimums times the activation's sub-block sums."""
+    for g in range(mins.shape[1]):
+        acc -= mins[n, g] * xsum[r, g]
+    return acc
 
 
 @njit(fastmath=True, nogil=True, cache=True, boundscheck=False)
@@ -186,60 +229,6 @@ def _mm_q5(n0, n1, off, qs, qh, wd, wm, xlo, xhi, xs, out):  # pragma: no cover 
                 hi = (v >> np.uint32(4)) | (((h >> (j + np.uint32(16))) & np.uint32(1)) << np.uint32(4))
                 acc += ((np.float32(lo) - off) * xlo[r, i] + (np.float32(hi) - off) * xhi[r, i]) * wd[n, i >> 4]
             out[r, n] = _plus_minimums(acc, wm, xs, n, r)
-
-
-@njit(fastmath=True, nogil=True, cache=True, boundscheck=False)
-def _mm_codes(n0, n1, shift, q, scale, mins, x, xsum, out):  # pragma: no cover - compiled
-    """Output rows [n0, n1) of Q8_0 (``shift`` 5, no minimum) and the K-quants, whose codes are
-    kept as int8 [N, K]: code * scale of its (1 << shift)-element sub-block * x, minus each
-    sub-block's minimum times the activation's sum over that sub-block (``xsum``).
-
-    Unlike the nibble loops, a flat loop here reads the scale per element (``k >> shift``), which
-    LLVM turns into gathers: 3.5-4x slower than summing into a small array of lanes, four
-    sub-blocks per step, each sub-block's products scaled once (32 lanes for 32-element
-    sub-blocks, 16 for Q6_K's 16). The lanes are summed at the end of the row."""
-    k_dim = q.shape[1]
-    m_rows = x.shape[0]
-    groups = mins.shape[1]
-    lanes = np.empty(32, np.float32)
-    for n in range(n0, n1):
-        for r in range(m_rows):
-            lanes[:] = 0
-            if shift == 5:
-                k = 0
-                while k + 128 <= k_dim:
-                    s0 = scale[n, k >> 5]
-                    s1 = scale[n, (k >> 5) + 1]
-                    s2 = scale[n, (k >> 5) + 2]
-                    s3 = scale[n, (k >> 5) + 3]
-                    for j in range(32):
-                        lanes[j] += (
-                            (np.float32(q[n, k + j]) * x[r, k + j] * s0 + np.float32(q[n, k + 32 + j]) * x[r, k + 32 + j] * s1)
-                            + (np.float32(q[n, k + 64 + j]) * x[r, k + 64 + j] * s2 + np.float32(q[n, k + 96 + j]) * x[r, k + 96 + j] * s3)
-                        )  # fmt: skip
-                    k += 128
-                while k < k_dim:
-                    s0 = scale[n, k >> 5]
-                    for j in range(32):
-                        lanes[j] += np.float32(q[n, k + j]) * x[r, k + j] * s0
-                    k += 32
-            else:  # 16-element sub-blocks; K is a multiple of 256
-                for k in range(0, k_dim, 64):
-                    s0 = scale[n, k >> shift]
-                    s1 = scale[n, (k + 16) >> shift]
-                    s2 = scale[n, (k + 32) >> shift]
-                    s3 = scale[n, (k + 48) >> shift]
-                    for j in range(16):
-                        lanes[j] += (
-                            (np.float32(q[n, k + j]) * x[r, k + j] * s0 + np.float32(q[n, k + 16 + j]) * x[r, k + 16 + j] * s1)
-                            + (np.float32(q[n, k + 32 + j]) * x[r, k + 32 + j] * s2 + np.float32(q[n, k + 48 + j]) * x[r, k + 48 + j] * s3)
-                        )  # fmt: skip
-            acc = np.float32(0.0)
-            for j in range(32):
-                acc += lanes[j]
-            for g in range(groups):
-                acc -= mins[n, g] * xsum[r, g]
-            out[r, n] = acc
 
 
 # --------------------------------------------------------------------------- dequantization
@@ -341,7 +330,8 @@ class QuantizedWeight:
     def __init__(self, type_name: str, shape: tuple[int, int], arrays: dict[str, np.ndarray]) -> None:
         self.type_name = type_name
         self.shape = torch.Size(shape)
-        self.arrays = arrays
+        # The integer loops read rows through their addresses (``int_dot``): C order everywhere.
+        self.arrays = {k: v if k == "shift" else np.ascontiguousarray(v) for k, v in arrays.items()}
         self.dtype = torch.float32  # what it computes in
         self.device = torch.device("cpu")
 
@@ -417,7 +407,7 @@ class QuantizedWeight:
         if m_rows <= MAX_QUANT_ROWS and self.type_name in BLOCK_TYPES:
             return torch.from_numpy(self._block_product(x32))
         k_dim = self.shape[1]
-        xq = np.empty((m_rows, k_dim), np.int8)
+        xq = np.empty((m_rows, k_dim), np.int16)  # int8 codes, kept wide for the integer loops
         a = self.arrays
         block = QK_K if self.type_name in K_TYPES else QK
         xd = np.empty((m_rows, k_dim // block), np.float32)
@@ -427,9 +417,9 @@ class QuantizedWeight:
         else:
             xs = np.empty_like(xd)
             quantize_q8_0(x32, xq, xd, xs)
-        x_deq = (xq.reshape(m_rows, -1, block) * xd[..., None]).reshape(m_rows, k_dim)
         if m_rows > MAX_QUANT_ROWS:
             # Long prefills: the same quantized activations, multiplied by torch's GEMM.
+            x_deq = (xq.reshape(m_rows, -1, block) * xd[..., None]).reshape(m_rows, k_dim)
             out_t = F.linear(torch.from_numpy(x_deq), self.dequantize())
             if self.type_name in _Q8_1_TYPES:
                 # The format's minimum term is m * s with s = fp16(d * sum of codes) (Q8_1), where
@@ -439,44 +429,46 @@ class QuantizedWeight:
             return out_t
         out = np.empty((m_rows, self.shape[0]), np.float32)
         macs = m_rows * self.shape[0] * k_dim
-        kind = self.type_name
-        if "q" in a:
-            if kind in K_TYPES and a["min"].shape[1]:
-                # activation sums per sub-block: Q8_K's 16-element sums, times the block scale
-                per_group = (1 << a["shift"]) // 16
-                sums = xbs.reshape(m_rows, -1, per_group).sum(-1).astype(np.float32)
-                xsum = sums * np.repeat(xd, sums.shape[1] // xd.shape[1], axis=1)
-            else:
-                xsum = np.zeros((m_rows, 0), np.float32)
-            run_rows(lambda n0, n1: _mm_codes(n0, n1, a["shift"], a["q"], a["scale"], a["min"], x_deq, xsum, out), self.shape[0], macs)
-            return torch.from_numpy(out)
-        raise AssertionError(kind)  # the 32-element formats took _block_product
+        # K-quants (the 32-element formats took _block_product). The minimum terms use the
+        # activation sums per sub-block: Q8_K's 16-element sums, times the block scale.
+        if a["min"].shape[1]:
+            per_group = (1 << a["shift"]) // 16
+            sums = xbs.reshape(m_rows, -1, per_group).sum(-1).astype(np.float32)
+            xsum = sums * np.repeat(xd, sums.shape[1] // xd.shape[1], axis=1)
+        else:
+            xsum = np.zeros((m_rows, 0), np.float32)
+        # the activation's scale per weight sub-block (32 elements: Q4_K / Q5_K; 16: Q6_K)
+        xd_sub = np.repeat(xd, a["scale"].shape[1] // xd.shape[1], axis=1)
+        run_rows(lambda n0, n1: _mm_int8(n0, n1, a["q"], a["scale"], a["min"], xq, xd_sub, xsum, out), self.shape[0], macs)
+        return torch.from_numpy(out)
 
     def _block_product(self, x32: np.ndarray) -> np.ndarray:
-        """A few activation rows times a 32-element-block matrix: the activations quantized and
-        dequantized in one compiled call (per-call Python work is a decode step's overhead)."""
+        """A few activation rows times a 32-element-block matrix (per-call Python work is a decode
+        step's overhead, so the activations are quantized in one compiled call)."""
         m_rows, k_dim = x32.shape
         n_out = self.shape[0]
         a, kind = self.arrays, self.type_name
         out = np.empty((m_rows, n_out), np.float32)
         xs = np.empty((m_rows, k_dim // QK), np.float32)
         macs = m_rows * n_out * k_dim
-        if kind == "Q8_0":
-            x_deq = np.empty((m_rows, k_dim), np.float32)
-            _q8_dequantized(x32, x_deq, x_deq, xs, False)
-            no_sums = np.zeros((m_rows, 0), np.float32)
-            run_rows(lambda n0, n1: _mm_codes(n0, n1, 5, a["q"], a["scale"], a["min"], x_deq, no_sums, out), n_out, macs)
+        if kind in ("Q4_0", "Q4_1", "Q8_0"):
+            x16 = np.empty((m_rows, k_dim), np.int16)
+            xd = np.empty_like(xs)
+            quantize_q8_0(x32, x16, xd, xs)
+            if kind == "Q8_0":
+                no_sums = np.zeros((m_rows, 0), np.float32)
+                run_rows(lambda n0, n1: _mm_int8(n0, n1, a["q"], a["scale"], a["min"], x16, xd, no_sums, out), n_out, macs)
+            else:
+                off = 8 if kind == "Q4_0" else 0
+                qs = a["qs"].reshape(n_out, -1)
+                run_rows(lambda n0, n1: _mm_nibbles(n0, n1, off, qs, a["d"], a["m"], x16, xd, xs, out), n_out, macs)
             return out
         xlo = np.empty((m_rows, k_dim // 2), np.float32)
         xhi = np.empty_like(xlo)
-        _q8_dequantized(x32, xlo, xhi, xs, True)
+        _q8_dequantized(x32, xlo, xhi, xs)
         qs = a["qs"].reshape(n_out, -1)
-        if kind in ("Q4_0", "Q4_1"):
-            off = np.float32(8.0 if kind == "Q4_0" else 0.0)
-            run_rows(lambda n0, n1: _mm_q4(n0, n1, off, qs, a["d"], a["m"], xlo, xhi, xs, out), n_out, macs)
-        else:
-            off = np.float32(16.0 if kind == "Q5_0" else 0.0)
-            run_rows(lambda n0, n1: _mm_q5(n0, n1, off, qs, a["qh"], a["d"], a["m"], xlo, xhi, xs, out), n_out, macs)
+        off32 = np.float32(16.0 if kind == "Q5_0" else 0.0)
+        run_rows(lambda n0, n1: _mm_q5(n0, n1, off32, qs, a["qh"], a["d"], a["m"], xlo, xhi, xs, out), n_out, macs)
         return out
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:

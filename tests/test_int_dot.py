@@ -1,0 +1,136 @@
+"""engine.layers.int_dot: ggml's 32-element block dot products as int16 multiply-adds in LLVM IR.
+
+- With unit scales the float result of every block count (odd ones take the tail) is the exact
+  integer sum numpy computes in int64, over the whole int8 / nibble range (the largest pair
+  product, 15 x -128 twice, must not wrap).
+- Scaled: each block's (or 16-element half's) integer sum times its two scales, summed, to
+  float32 accuracy.
+- A row's bits do not depend on the other rows of its call (batch invariance).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numba import njit
+
+from engine.layers.int_dot import code16_row_dot, code_row_dot, nibble_row_dot
+
+
+@njit(cache=False)
+def _nibble_rows(qs, x, wd, xd, off):  # pragma: no cover - compiled
+    out = np.empty((x.shape[0], qs.shape[0]), np.float32)
+    for n in range(qs.shape[0]):
+        for r in range(x.shape[0]):
+            out[r, n] = nibble_row_dot(qs[n].ctypes.data, x[r].ctypes.data, wd[n].ctypes.data, xd[r].ctypes.data, wd.shape[1], off)
+    return out
+
+
+@njit(cache=False)
+def _code_rows(q, x, wd, xd):  # pragma: no cover - compiled
+    """A scale per 32 codes (``code_row_dot``), or per 16 where ``wd`` has twice the columns."""
+    out = np.empty((x.shape[0], q.shape[0]), np.float32)
+    blocks = q.shape[1] // 32
+    for n in range(q.shape[0]):
+        for r in range(x.shape[0]):
+            if wd.shape[1] == blocks:
+                out[r, n] = code_row_dot(q[n].ctypes.data, x[r].ctypes.data, wd[n].ctypes.data, xd[r].ctypes.data, blocks)
+            else:
+                out[r, n] = code16_row_dot(q[n].ctypes.data, x[r].ctypes.data, wd[n].ctypes.data, xd[r].ctypes.data, blocks)
+    return out
+
+
+def _unpacked(qs: np.ndarray, off: int) -> np.ndarray:
+    """Nibbles [N, B*16] -> codes [N, B*32] minus ``off``: element j of a block in the low nibble
+    of byte j, element j + 16 in its high nibble."""
+    blocks = qs.reshape(qs.shape[0], -1, 16).astype(np.int64)
+    return (np.concatenate([blocks & 15, blocks >> 4], axis=-1) - off).reshape(qs.shape[0], -1)
+
+
+def _data(seed: int, n: int, rows: int, blocks: int, extremes: bool):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, (rows, blocks * 32)).astype(np.int16)
+    qs = rng.integers(0, 256, (n, blocks * 16), dtype=np.uint8)
+    q = rng.integers(-128, 128, (n, blocks * 32)).astype(np.int8)
+    if extremes:
+        x[:] = -128
+        qs[:] = 0xFF
+        q[:] = -128
+    return x, qs, q
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), n=st.integers(1, 9), rows=st.integers(1, 4), blocks=st.integers(1, 9), extremes=st.booleans())
+def test_unit_scales_give_the_exact_integer_sum(seed, n, rows, blocks, extremes):
+    x, qs, q = _data(seed, n, rows, blocks, extremes)
+    ones_w, ones_x = np.ones((n, blocks), np.float32), np.ones((rows, blocks), np.float32)
+    for off in (0, 8):
+        expected = x.astype(np.int64) @ _unpacked(qs, off).T
+        np.testing.assert_array_equal(_nibble_rows(qs, x, ones_w, ones_x, off), expected.astype(np.float32))
+    expected = x.astype(np.int64) @ q.astype(np.int64).T
+    np.testing.assert_array_equal(_code_rows(q, x, ones_w, ones_x), expected.astype(np.float32))
+    halves_w, halves_x = np.ones((n, 2 * blocks), np.float32), np.ones((rows, 2 * blocks), np.float32)
+    np.testing.assert_array_equal(_code_rows(q, x, halves_w, halves_x), expected.astype(np.float32))
+
+
+@pytest.mark.parametrize("blocks", [1, 4, 7, 18])
+def test_scaled_blocks_sum_as_the_format_defines(blocks):
+    x, qs, q = _data(blocks, 6, 3, blocks, False)
+    rng = np.random.default_rng(blocks)
+    wd = rng.uniform(1e-3, 2e-2, (6, blocks)).astype(np.float32)
+    xd = rng.uniform(1e-3, 2e-2, (3, blocks)).astype(np.float32)
+    scales = xd.astype(np.float64)[:, None, :] * wd.astype(np.float64)[None]  # [rows, n, blocks]
+
+    def reference(codes: np.ndarray) -> np.ndarray:
+        isum = np.einsum("rbj,nbj->rnb", x.reshape(3, blocks, 32).astype(np.float64), codes.reshape(6, blocks, 32).astype(np.float64))
+        return (isum * scales).sum(-1)
+
+    for got, codes in ((_nibble_rows(qs, x, wd, xd, 8), _unpacked(qs, 8)), (_code_rows(q, x, wd, xd), q)):
+        expected = reference(codes)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=2e-6 * np.abs(expected).max())
+    # a scale per 16 codes (Q6_K's sub-blocks)
+    wd16 = rng.uniform(1e-3, 2e-2, (6, 2 * blocks)).astype(np.float32)
+    xd16 = rng.uniform(1e-3, 2e-2, (3, 2 * blocks)).astype(np.float32)
+    isum = np.einsum("rbj,nbj->rnb", x.reshape(3, 2 * blocks, 16).astype(np.float64), q.reshape(6, 2 * blocks, 16).astype(np.float64))
+    expected = (isum * xd16.astype(np.float64)[:, None, :] * wd16.astype(np.float64)[None]).sum(-1)
+    np.testing.assert_allclose(_code_rows(q, x, wd16, xd16), expected, rtol=0, atol=2e-6 * np.abs(expected).max())
+
+
+def test_a_row_gets_the_same_bits_in_any_batch():
+    x, qs, q = _data(3, 5, 6, 7, False)
+    rng = np.random.default_rng(3)
+    wd = rng.uniform(1e-3, 2e-2, (5, 7)).astype(np.float32)
+    xd = rng.uniform(1e-3, 2e-2, (6, 7)).astype(np.float32)
+    together = _nibble_rows(qs, x, wd, xd, 0), _code_rows(q, x, wd, xd)
+    for r in range(6):
+        alone = _nibble_rows(qs, x[r : r + 1], wd, xd[r : r + 1], 0), _code_rows(q, x[r : r + 1], wd, xd[r : r + 1])
+        for a, t in zip(alone, together):
+            np.testing.assert_array_equal(a[0], t[r])
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_four_row_groups_give_each_row_its_bits_alone(type_name):
+    """``ggml_quants``' loops take activation rows four at a time (``*_four_rows``): rows 0-3 of a
+    batch of 6 are grouped, 4-5 not; every row must equal its product alone, bit for bit."""
+    gguf = pytest.importorskip("gguf")
+    import torch
+
+    from engine.layers import ggml_quants as gq
+
+    rng = np.random.default_rng(1)
+    n, k = 40, 512
+    if type_name in gq.K_TYPES:  # random blocks (gguf cannot quantize K-quants), fp16 scales of sane size
+        block, size = gguf.constants.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+        raw = rng.integers(0, 256, (n, k // block * size), dtype=np.uint8)
+        blocks = raw.reshape(n, k // block, size)
+        for off in [208] if type_name == "Q6_K" else [0, 2]:
+            blocks[..., off : off + 2] = rng.uniform(0.001, 0.02, blocks.shape[:2] + (1,)).astype(np.float16).view(np.uint8)
+    else:
+        raw = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), gguf.GGMLQuantizationType[type_name])
+    weight = gq.QuantizedWeight.from_gguf(type_name, raw, (n, k))
+    x = torch.from_numpy(rng.standard_normal((6, k)).astype(np.float32))
+    together = weight.matmul(x).numpy()
+    for r in range(6):
+        np.testing.assert_array_equal(weight.matmul(x[r : r + 1]).numpy()[0], together[r], err_msg=f"{type_name} row {r}")
