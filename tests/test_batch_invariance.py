@@ -112,3 +112,26 @@ def test_the_gemm_and_sdpa_prefill_differ_in_bfloat16_by_default(folder):
     got = _prefix_cache_logits(folder, "bfloat16")
     whole = got[0]
     assert any(not torch.equal(logits, whole[-logits.shape[0]:]) for logits in got.values())
+
+
+def test_a_quantized_models_rows_never_depend_on_their_forward():
+    """The 8-bit activation blocks of a quantized model (here the embedded SmolLM2's Q4_1 file)
+    turn a ~1e-7 rounding difference into other codes: every row must be computed alike whether
+    it is prefilled in a long row (more rows than a decode-sized batch; beyond
+    ``MAX_DECODE_LIKE_QUERIES`` queries), after a cached prefix, beside another request or
+    decoded alone. Before, logits moved by up to 1.06 between a prefill and decoding."""
+    from engine.hf.model_files import gguf_path
+
+    runner = ModelRunner(gguf_path(), max_total_tokens=1024, max_running_requests=4)
+    assert runner.attn_backend.every_query_alone
+    prompt = [(7 * i + 3) % 3000 for i in range(attention.MAX_DECODE_LIKE_QUERIES + 30)]
+    whole, cached, decoded = (runner.req_to_token_pool.alloc()[0] for _ in range(3))
+    (reference,) = _forward(runner, [(whole, 0, prompt, 40)])  # the last 40 positions' logits
+    first = len(prompt) - 40
+    _forward(runner, [(cached, 0, prompt[:first], 1)])
+    got, _ = _forward(runner, [(cached, first, prompt[first:], 40), (decoded, 0, prompt[:5], 1)])
+    assert torch.equal(got, reference)
+    for position in range(5, len(prompt)):
+        (row,) = _forward(runner, [(decoded, position, [prompt[position]], 1)])
+        if position >= first:
+            assert torch.equal(row[0], reference[position - first]), (position, (row[0] - reference[position - first]).abs().max())

@@ -33,6 +33,13 @@ for bfloat16 weights when that is on; beyond that torch's GEMM may round
 a float32 row differently, so float32 bit-identity across forward shapes holds for forwards of
 at most that many tokens (what the tests check).
 
+Quantized models (GGUF files, ``quantization=``; ``TorchAttention(every_query_alone=True)``)
+attend every query alone on the CPU's paged kernel, prefill included, over a float32 pool too:
+their activations are quantized to 8-bit blocks before each product, which turns SDPA's ~1e-7
+difference from the kernel into other codes and greedy outputs that changed with batching, the
+prefix cache and speculation. With ``ggml_quants``' loops at every row count, a quantized model's
+rows are bit-identical whatever their forward (a 256-token SmolLM2 Q4_1 prefill: 0.6x the speed).
+
 A layer may attend within a sliding window (``forward(..., window=w)``: a query at position p sees
 the keys at p - w + 1 .. p, as transformers' sliding layers do), scale queries by other than
 head_dim ** -0.5 and soft-cap its scores (Gemma 2: cap * tanh(s / cap); the CPU's paged kernel
@@ -188,8 +195,13 @@ class TorchAttention:
     """The attention backend: SDPA over gathered K/V, and a paged decode kernel where one applies
     (``use_paged_kernel``; default: numba on a float32 CPU pool, Triton on CUDA)."""
 
-    def __init__(self, use_paged_kernel: bool | None = None, batch_invariant: bool = True, f16: bool = False) -> None:
+    def __init__(
+        self, use_paged_kernel: bool | None = None, batch_invariant: bool = True, f16: bool = False, every_query_alone: bool = False
+    ) -> None:  # fmt: skip
         self.use_paged_kernel = use_paged_kernel
+        # Every query of every row through the CPU's paged kernel, whatever the pool's dtype: the
+        # models with quantized weights (see "Quantized models" in the module docstring).
+        self.every_query_alone = every_query_alone
         # llama.cpp's precision (GGUF models): see "float16 attention" in the module docstring.
         self.f16 = f16
         # SDPA over a padded block rounds differently from SDPA over the real keys (measured in
@@ -213,7 +225,7 @@ class TorchAttention:
         table = batch.req_to_token_pool.req_to_token
         kernel = self._paged_kernel(batch)
         kernel = None if softcap and kernel == "triton" else kernel
-        every_row = kernel == "numba" and batch.token_to_kv_pool.dtype in EVERY_QUERY_DECODE_LIKE
+        every_row = kernel == "numba" and (self.every_query_alone or batch.token_to_kv_pool.dtype in EVERY_QUERY_DECODE_LIKE)
         queries = decode_queries(batch, every_row)
         kernel = kernel if queries else None
         extend = self._extend_rows(batch, table, window, every_row)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import cpu_decode_attention, cpu_linear, cpu_moe
-from .ggml_quants import MAX_QUANT_ROWS, QuantizedWeight, StackedWeight
+from .ggml_quants import quantized_weights
 
 
 def warm_up(
@@ -41,19 +41,16 @@ def warm_up(
 
 def warm_up_quantized(model: torch.nn.Module) -> None:
     """The block-format kernels of every encoding ``model`` holds (GGUF files, ``quantization=``):
-    two rows of one of its matrices multiply a decode-sized and a prefill-sized activation and
-    serve an embedding lookup, so the arrays have the forward's dtypes and layouts."""
+    two rows of one of its matrices multiply one activation row and five (a group of four and a
+    row alone) and serve an embedding lookup, so the arrays have the forward's dtypes and layouts."""
     seen: set[str] = set()
-    for value in (v for module in model.modules() for v in vars(module).values()):  # modules() includes model
-        if isinstance(value, StackedWeight):
-            value = value.parts
-        for w in value if isinstance(value, list) else [value]:
-            if isinstance(w, QuantizedWeight) and w.type_name not in seen:
-                seen.add(w.type_name)
-                rows = w.take_rows(np.arange(min(2, w.shape[0])))
-                for m_rows in (1, MAX_QUANT_ROWS + 1):
-                    rows.matmul(torch.zeros(m_rows, w.shape[1]))
-                rows.embedding(torch.zeros(1, dtype=torch.int64))
+    for w in quantized_weights(model):
+        if w.type_name not in seen:
+            seen.add(w.type_name)
+            rows = w.take_rows(np.arange(min(2, w.shape[0])))
+            for m_rows in (1, 5):
+                rows.matmul(torch.zeros(m_rows, w.shape[1]))
+            rows.embedding(torch.zeros(1, dtype=torch.int64))
 
 
 def warm_up_moe(model: torch.nn.Module) -> None:

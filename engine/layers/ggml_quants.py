@@ -20,15 +20,20 @@ and the K-quants sum each 32-element block (Q6_K: 16) exactly in integers (``int
 multiply-adds in LLVM vector IR; 1.9x (nibbles) and 3-4x (int8 codes) faster than float loops
 here), then scale it, as llama.cpp's own kernels do; Q5_0 and Q5_1 run a float loop (the same sums
 up to rounding order, relative 1e-6).
-Beyond ``MAX_QUANT_ROWS`` rows (long prefills) the weight is dequantized to float32 and multiplied
-by the same quantized activations (as floats) in torch's GEMM, whose blocking wins there; a row
-gets the same numbers whichever path its batch takes, up to float summation order.
+The loops run at every row count, long prefills included: a row's result never depends on how
+many rows share its forward. Dequantizing the weight for torch's GEMM would prefill a 256-token
+SmolLM2 prompt 1.7x faster, but its rounding differs from the loop's by ~1e-7, and the next
+layer's 8-bit activation blocks turn that into other codes: a logit moved by up to 1.06 between a
+prompt prefilled whole and the same tokens decoded one by one, so batching, the prefix cache and
+speculation changed greedy outputs.
 
 Every loop releases the GIL and covers a range of output rows; ``cpu_threads.run_rows`` splits a
 large product across threads that take chunks from one counter (no ``prange`` barrier).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -39,7 +44,6 @@ from .cpu_threads import run_rows
 from .fp16_round import round_half
 from .int_dot import code16_four_rows, code16_row_dot, code_four_rows, code_row_dot, nibble_four_rows, nibble_row_dot
 
-MAX_QUANT_ROWS = 32  # activation rows up to which the integer dot-product loop runs
 QK = 32
 QK_K = 256
 
@@ -401,36 +405,19 @@ class QuantizedWeight:
         return torch.from_numpy(self.dequantize_rows(np.arange(self.shape[0])))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, K] float -> x @ W.T [M, N] float32."""
+        """x [M, K] float -> x @ W.T [M, N] float32, any M (each row as it would be alone)."""
         m_rows = x.shape[0]
         x32 = x.float().contiguous().numpy()
-        if m_rows <= MAX_QUANT_ROWS and self.type_name in BLOCK_TYPES:
+        if self.type_name in BLOCK_TYPES:
             return torch.from_numpy(self._block_product(x32))
+        # K-quants: Q8_K activations; the minimum terms use their 16-element sums, times the scale.
         k_dim = self.shape[1]
-        xq = np.empty((m_rows, k_dim), np.int16)  # int8 codes, kept wide for the integer loops
         a = self.arrays
-        block = QK_K if self.type_name in K_TYPES else QK
-        xd = np.empty((m_rows, k_dim // block), np.float32)
-        if self.type_name in K_TYPES:
-            xbs = np.empty((m_rows, k_dim // 16), np.int32)
-            quantize_q8_k(x32, xq, xd, xbs)
-        else:
-            xs = np.empty_like(xd)
-            quantize_q8_0(x32, xq, xd, xs)
-        if m_rows > MAX_QUANT_ROWS:
-            # Long prefills: the same quantized activations, multiplied by torch's GEMM.
-            x_deq = (xq.reshape(m_rows, -1, block) * xd[..., None]).reshape(m_rows, k_dim)
-            out_t = F.linear(torch.from_numpy(x_deq), self.dequantize())
-            if self.type_name in _Q8_1_TYPES:
-                # The format's minimum term is m * s with s = fp16(d * sum of codes) (Q8_1), where
-                # the GEMM summed the codes exactly: swap one for the other, as the loop computes it.
-                exact = x_deq.reshape(m_rows, -1, QK).sum(-1, dtype=np.float32)
-                out_t += torch.from_numpy(xs - exact) @ torch.from_numpy(a["m"]).T
-            return out_t
+        xq = np.empty((m_rows, k_dim), np.int16)  # int8 codes, kept wide for the integer loops
+        xd = np.empty((m_rows, k_dim // QK_K), np.float32)
+        xbs = np.empty((m_rows, k_dim // 16), np.int32)
+        quantize_q8_k(x32, xq, xd, xbs)
         out = np.empty((m_rows, self.shape[0]), np.float32)
-        macs = m_rows * self.shape[0] * k_dim
-        # K-quants (the 32-element formats took _block_product). The minimum terms use the
-        # activation sums per sub-block: Q8_K's 16-element sums, times the block scale.
         if a["min"].shape[1]:
             per_group = (1 << a["shift"]) // 16
             sums = xbs.reshape(m_rows, -1, per_group).sum(-1).astype(np.float32)
@@ -439,12 +426,13 @@ class QuantizedWeight:
             xsum = np.zeros((m_rows, 0), np.float32)
         # the activation's scale per weight sub-block (32 elements: Q4_K / Q5_K; 16: Q6_K)
         xd_sub = np.repeat(xd, a["scale"].shape[1] // xd.shape[1], axis=1)
+        macs = m_rows * self.shape[0] * k_dim
         run_rows(lambda n0, n1: _mm_int8(n0, n1, a["q"], a["scale"], a["min"], xq, xd_sub, xsum, out), self.shape[0], macs)
         return torch.from_numpy(out)
 
     def _block_product(self, x32: np.ndarray) -> np.ndarray:
-        """A few activation rows times a 32-element-block matrix (per-call Python work is a decode
-        step's overhead, so the activations are quantized in one compiled call)."""
+        """Activation rows times a 32-element-block matrix (per-call Python work is a decode step's
+        overhead, so the activations are quantized in one compiled call)."""
         m_rows, k_dim = x32.shape
         n_out = self.shape[0]
         a, kind = self.arrays, self.type_name
@@ -498,6 +486,20 @@ def _float_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def is_quantized(weight: object) -> bool:
     return isinstance(weight, (QuantizedWeight, StackedWeight))
+
+
+def quantized_weights(model: torch.nn.Module) -> Iterator[QuantizedWeight]:
+    """Every block-format matrix ``model``'s modules hold (the parts of stacked ones too)."""
+    for value in (v for module in model.modules() for v in vars(module).values()):  # modules() includes model
+        if isinstance(value, StackedWeight):
+            value = value.parts
+        for w in value if isinstance(value, list) else [value]:
+            if isinstance(w, QuantizedWeight):
+                yield w
+
+
+def holds_quantized_weights(model: torch.nn.Module) -> bool:
+    return next(quantized_weights(model), None) is not None
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:

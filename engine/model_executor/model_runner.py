@@ -22,6 +22,7 @@ import torch
 
 from ..layers import cpu_decode_attention
 from ..layers.attention import TorchAttention
+from ..layers.ggml_quants import holds_quantized_weights
 from ..layers.logits import LogitsProcessorOutput, compute_logits
 from ..mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from ..models.llama import LlamaForCausalLM
@@ -82,7 +83,7 @@ class ModelRunner:
         self.token_to_kv_pool = TokenToKVPool(
             max_total_tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device
         )
-        self.attn_backend = TorchAttention(f16=cfg.ggml_numerics)
+        self.attn_backend = TorchAttention(f16=cfg.ggml_numerics, every_query_alone=holds_quantized_weights(self.model))
         cpu_decode_attention.set_threads(torch.get_num_threads())
         self.sampler = Sampler()
 
