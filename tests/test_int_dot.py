@@ -5,7 +5,9 @@
   product, 15 x -128 twice, must not wrap).
 - Scaled: each block's (or 16-element half's) integer sum times its two scales, summed, to
   float32 accuracy.
-- A row's bits do not depend on the other rows of its call (batch invariance).
+- A row's bits do not depend on the other rows of its call (batch invariance), nor on whether
+  ``ggml_quants`` splits its product across threads.
+- ``float_dot`` (the minimum terms) sums any length to float32 accuracy.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from engine.layers.int_dot import code16_row_dot, code_row_dot, nibble_row_dot
+from engine.layers.int_dot import code16_row_dot, code_row_dot, float_dot, nibble_row_dot
 
 
 @njit(cache=False)
@@ -40,6 +42,11 @@ def _code_rows(q, x, wd, xd):  # pragma: no cover - compiled
             else:
                 out[r, n] = code16_row_dot(q[n].ctypes.data, x[r].ctypes.data, wd[n].ctypes.data, xd[r].ctypes.data, blocks)
     return out
+
+
+@njit(cache=False)
+def _float_dot(a, b):  # pragma: no cover - compiled
+    return float_dot(a.ctypes.data, b.ctypes.data, a.shape[0])
 
 
 def _unpacked(qs: np.ndarray, off: int) -> np.ndarray:
@@ -134,3 +141,53 @@ def test_four_row_groups_give_each_row_its_bits_alone(type_name):
     together = weight.matmul(x).numpy()
     for r in range(6):
         np.testing.assert_array_equal(weight.matmul(x[r : r + 1]).numpy()[0], together[r], err_msg=f"{type_name} row {r}")
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_a_product_split_across_threads_gives_the_bits_of_one_thread(type_name, monkeypatch):
+    """``ggml_quants`` runs a large product as a numba parallel region whose iterations call the
+    serial loop (an inlined copy of it): both builds must round alike, or a row's bits would
+    change with the size of its forward (small products stay on the calling thread)."""
+    import numba
+
+    gguf = pytest.importorskip("gguf")
+    import torch
+
+    from engine.layers import ggml_quants as gq
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one numba thread")
+    rng = np.random.default_rng(5)
+    n, k = 96, 768
+    if type_name in gq.K_TYPES:
+        block, size = gguf.constants.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+        blocks = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
+        for off in [208] if type_name == "Q6_K" else [0, 2]:
+            blocks[..., off : off + 2] = rng.uniform(0.001, 0.02, blocks.shape[:2] + (1,)).astype(np.float16).view(np.uint8)
+        raw = blocks.reshape(n, -1)
+    else:
+        raw = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), gguf.GGMLQuantizationType[type_name])
+    weight = gq.QuantizedWeight.from_gguf(type_name, raw, (n, k))
+    x = torch.from_numpy(rng.standard_normal((5, k)).astype(np.float32))
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(2)
+        monkeypatch.setattr(gq, "THREADED_MIN_MACS", 0)
+        split = weight.matmul(x).numpy()
+        monkeypatch.setattr(gq, "THREADED_MIN_MACS", 1 << 62)
+        alone = weight.matmul(x).numpy()
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_array_equal(split, alone)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 41))
+def test_float_dot_sums_every_product_of_any_length(seed, n):
+    """The minimum terms' dot product: eight lanes and a scalar tail (lengths that are not a
+    multiple of eight included), to float32 accuracy."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    expected = float(np.dot(a.astype(np.float64), b.astype(np.float64)))
+    assert abs(_float_dot(a, b) - expected) <= 1e-5 * (1 + np.abs(a.astype(np.float64) * b).sum())

@@ -148,16 +148,18 @@ def test_engine_option_reaches_the_loader(tiny_folder):
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
-def test_the_warm_up_compiles_what_a_forward_uses(tiny_folder, scheme):
+def test_the_warm_up_compiles_what_a_forward_uses(tiny_folder, scheme, monkeypatch):
     """After ``warm_up_quantized`` a decode step and a long prefill add no compiled kernel version
-    (the engine calls it before it reports ready: no request waits for a JIT compile)."""
+    (the engine calls it before it reports ready: no request waits for a JIT compile): neither
+    the products (on one thread and, for large ones, across threads) nor ``row_ops``' loops."""
     from numba.core.registry import CPUDispatcher
 
-    from engine.layers import cpu_kernel_warmup, ggml_quants
+    from engine.layers import cpu_kernel_warmup, ggml_quants, row_ops
 
     runner = ModelRunner(tiny_folder, quantization=scheme, max_total_tokens=256, max_running_requests=2)
     cpu_kernel_warmup.warm_up_quantized(runner.model)
-    kernels = {n: d for n, d in vars(ggml_quants).items() if isinstance(d, CPUDispatcher)}
+    monkeypatch.setattr(ggml_quants, "THREADED_MIN_MACS", 1 << 12)  # the tiny model's products split too
+    kernels = {f"{m.__name__}.{n}": d for m in (ggml_quants, row_ops) for n, d in vars(m).items() if isinstance(d, CPUDispatcher)}
     before = {n: len(d.signatures) for n, d in kernels.items()}
     assert sum(before.values()) > 0
     loop = GreedyLoop(runner)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import cpu_decode_attention, cpu_linear, cpu_moe
-from .ggml_quants import quantized_weights
+from . import cpu_decode_attention, cpu_linear, cpu_moe, row_ops
+from .ggml_quants import holds_quantized_weights, quantized_weights
 
 
 def warm_up(
@@ -29,6 +29,8 @@ def warm_up(
     would use it."""
     if cpu_linear.njit is not None and weight_dtype in cpu_linear.LOOP_DTYPES:
         cpu_linear.rows_agree(weight_dtype)  # runs the loop on forward-typed arrays
+    if kv_dtype == torch.float32:
+        row_ops.warm_up()  # the cache write
     if cpu_decode_attention.available() and kv_dtype in (torch.float32, torch.bfloat16) and heads % kv_heads == 0:
         bf16 = kv_dtype == torch.bfloat16
         q = np.zeros((1, heads, head_dim), np.float32)
@@ -42,14 +44,18 @@ def warm_up(
 def warm_up_quantized(model: torch.nn.Module) -> None:
     """The block-format kernels of every encoding ``model`` holds (GGUF files, ``quantization=``):
     two rows of one of its matrices multiply one activation row and five (a group of four and a
-    row alone) and serve an embedding lookup, so the arrays have the forward's dtypes and layouts."""
+    row alone), on this thread and across threads, and serve an embedding lookup, so the arrays
+    have the forward's dtypes and layouts; and ``row_ops``' loops (norms, rotary, activation)."""
+    if holds_quantized_weights(model):
+        row_ops.warm_up()
     seen: set[str] = set()
     for w in quantized_weights(model):
         if w.type_name not in seen:
             seen.add(w.type_name)
             rows = w.take_rows(np.arange(min(2, w.shape[0])))
             for m_rows in (1, 5):
-                rows.matmul(torch.zeros(m_rows, w.shape[1]))
+                for split in (False, True):  # on this thread and across threads
+                    rows.matmul(torch.zeros(m_rows, w.shape[1]), split=split)
             rows.embedding(torch.zeros(1, dtype=torch.int64))
 
 

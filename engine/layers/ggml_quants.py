@@ -38,11 +38,11 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 import torch.nn.functional as F
-from numba import njit
+from numba import njit, prange
 
-from .cpu_threads import run_rows
+from .cpu_threads import run_rows, threads
 from .fp16_round import round_half
-from .int_dot import code16_four_rows, code16_row_dot, code_four_rows, code_row_dot, nibble_four_rows, nibble_row_dot
+from .int_dot import code16_four_rows, code16_row_dot, code_four_rows, code_row_dot, float_dot, nibble_four_rows, nibble_row_dot
 
 QK = 32
 QK_K = 256
@@ -153,14 +153,14 @@ def quantize_q8_k(x, xq, xd, xbs):  # pragma: no cover - compiled
 # elements 0-15, ``xhi``: 16-31), matching each byte's two nibbles.
 
 
-# Inlined into each caller (compiled with its flags, so its sums round as an inline loop would).
-@njit(fastmath=True, boundscheck=False, inline="always")
+@njit(boundscheck=False, inline="always")
 def _plus_minimums(acc, wm, xs, n, r):  # pragma: no cover - compiled
     """acc plus the formats' minimum terms of output row n and activation row r (none: ``wm``
-    has zero columns for the formats without a minimum)."""
-    for b in range(wm.shape[1]):
-        acc += wm[n, b] * xs[r, b]
-    return acc
+    has zero columns for the formats without a minimum), summed by ``int_dot.float_dot``: no
+    fast-math, so a serial and a threaded build of a loop round alike."""
+    if wm.shape[1] == 0:
+        return acc
+    return acc + float_dot(wm[n].ctypes.data, xs[r].ctypes.data, wm.shape[1])
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
@@ -215,6 +215,46 @@ def _minus_minimums(acc, mins, xsum, n, r):  # pragma: no cover - compiled
     for g in range(mins.shape[1]):
         acc -= mins[n, g] * xsum[r, g]
     return acc
+
+
+# The integer loops across numba's threads: one parallel region whose iterations are equal ranges
+# of output rows. Measured against ``run_rows`` on a SmolLM2 Q4_1 decode step: its handoff
+# (a pool thread woken through a futex, then the GIL) cost about what a 576 x 576 product costs,
+# so only the fused gate/up product was split and the rest ran on one core; numba's OpenMP
+# threads spin briefly between regions, and every product of the step splits (step 24 -> 20 ms).
+# Both loops are strict IEEE code (no fast-math), so a row's bits are the same whichever build
+# (this region's inlined copy or the serial function) computes it.
+@njit(nogil=True, cache=True, boundscheck=False, parallel=True)
+def _mm_nibbles_threaded(chunks, off, qs, wd, wm, x16, xd, xs, out):  # pragma: no cover - compiled
+    n_out = qs.shape[0]
+    step = (n_out + chunks - 1) // chunks
+    for c in prange(chunks):
+        _mm_nibbles(c * step, min(n_out, (c + 1) * step), off, qs, wd, wm, x16, xd, xs, out)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, parallel=True)
+def _mm_int8_threaded(chunks, q, scale, mins, x16, xd, xsum, out):  # pragma: no cover - compiled
+    n_out = q.shape[0]
+    step = (n_out + chunks - 1) // chunks
+    for c in prange(chunks):
+        _mm_int8(c * step, min(n_out, (c + 1) * step), q, scale, mins, x16, xd, xsum, out)
+
+
+# Below this many multiply-adds a product runs on the calling thread (a parallel region costs a
+# few microseconds while the threads spin, tens once they sleep).
+THREADED_MIN_MACS = 1 << 17
+
+
+def _in_threads(serial, threaded, n_out: int, macs: int, split: bool | None, *args) -> None:  # type: ignore[no-untyped-def]
+    """``serial(0, n_out, *args)``, or ``threaded(threads, *args)`` for a large product (``split``:
+    the choice forced, for the warm-up)."""
+    count = threads()
+    if split is None:
+        split = count > 1 and macs >= THREADED_MIN_MACS and n_out >= 2 * count
+    if split:
+        threaded(count, *args)
+    else:
+        serial(0, n_out, *args)
 
 
 @njit(fastmath=True, nogil=True, cache=True, boundscheck=False)
@@ -404,12 +444,14 @@ class QuantizedWeight:
     def dequantize(self) -> torch.Tensor:
         return torch.from_numpy(self.dequantize_rows(np.arange(self.shape[0])))
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, K] float -> x @ W.T [M, N] float32, any M (each row as it would be alone)."""
+    def matmul(self, x: torch.Tensor, split: bool | None = None) -> torch.Tensor:
+        """x [M, K] float -> x @ W.T [M, N] float32, any M (each row as it would be alone).
+        ``split``: run the integer loops across threads (True) or on this one (False) whatever
+        the product's size (the warm-up compiles both); the bits are the same."""
         m_rows = x.shape[0]
         x32 = x.float().contiguous().numpy()
         if self.type_name in BLOCK_TYPES:
-            return torch.from_numpy(self._block_product(x32))
+            return torch.from_numpy(self._block_product(x32, split))
         # K-quants: Q8_K activations; the minimum terms use their 16-element sums, times the scale.
         k_dim = self.shape[1]
         a = self.arrays
@@ -427,10 +469,10 @@ class QuantizedWeight:
         # the activation's scale per weight sub-block (32 elements: Q4_K / Q5_K; 16: Q6_K)
         xd_sub = np.repeat(xd, a["scale"].shape[1] // xd.shape[1], axis=1)
         macs = m_rows * self.shape[0] * k_dim
-        run_rows(lambda n0, n1: _mm_int8(n0, n1, a["q"], a["scale"], a["min"], xq, xd_sub, xsum, out), self.shape[0], macs)
+        _in_threads(_mm_int8, _mm_int8_threaded, self.shape[0], macs, split, a["q"], a["scale"], a["min"], xq, xd_sub, xsum, out)
         return torch.from_numpy(out)
 
-    def _block_product(self, x32: np.ndarray) -> np.ndarray:
+    def _block_product(self, x32: np.ndarray, split: bool | None = None) -> np.ndarray:
         """Activation rows times a 32-element-block matrix (per-call Python work is a decode step's
         overhead, so the activations are quantized in one compiled call)."""
         m_rows, k_dim = x32.shape
@@ -445,11 +487,11 @@ class QuantizedWeight:
             quantize_q8_0(x32, x16, xd, xs)
             if kind == "Q8_0":
                 no_sums = np.zeros((m_rows, 0), np.float32)
-                run_rows(lambda n0, n1: _mm_int8(n0, n1, a["q"], a["scale"], a["min"], x16, xd, no_sums, out), n_out, macs)
+                _in_threads(_mm_int8, _mm_int8_threaded, n_out, macs, split, a["q"], a["scale"], a["min"], x16, xd, no_sums, out)
             else:
                 off = 8 if kind == "Q4_0" else 0
                 qs = a["qs"].reshape(n_out, -1)
-                run_rows(lambda n0, n1: _mm_nibbles(n0, n1, off, qs, a["d"], a["m"], x16, xd, xs, out), n_out, macs)
+                _in_threads(_mm_nibbles, _mm_nibbles_threaded, n_out, macs, split, off, qs, a["d"], a["m"], x16, xd, xs, out)
             return out
         xlo = np.empty((m_rows, k_dim // 2), np.float32)
         xhi = np.empty_like(xlo)

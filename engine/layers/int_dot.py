@@ -13,6 +13,9 @@ follows. Nothing in it names a CPU feature: any LLVM target compiles it.
     code16_row_dot(w, x, wd, xd, blocks)        Q6_K: the same with a scale per 16 elements
                                                 (``wd`` and ``xd`` hold two a block)
 
+    float_dot(a, b, n)                          sum_i a[i] * b[i] of float32 rows (the minimum terms
+                                                of the formats with one)
+
 ``w``, ``x`` (the activation's codes as int16, 32 a block), ``wd``, ``xd`` (float32 scales, one a
 block) are addresses of one row (``arr[n].ctypes.data``). The result is
 sum_b (wd[b] * xd[b]) * sum_j w_bj * x_bj, accumulated in eight float lanes by two accumulators
@@ -139,6 +142,33 @@ def _four_rows(builder: ir.IRBuilder, args: list[ir.Value], nibbles: bool = Fals
     return ir.Constant(ir.IntType(64), 0)
 
 
+def _float_dot(builder: ir.IRBuilder, args: list[ir.Value]) -> ir.Value:
+    """Eight float lanes of products, then a scalar tail, summed in a fixed order: the same bits
+    in every build (a numba loop vectorizes such a sum only under fast-math, whose reassociation
+    may differ between a loop compiled alone and one inlined into a parallel region)."""
+    a_addr, b_addr, n = args
+    lanes_a = builder.inttoptr(a_addr, _V8F32.as_pointer())
+    lanes_b = builder.inttoptr(b_addr, _V8F32.as_pointer())
+    acc = cgutils.alloca_once_value(builder, ir.Constant(_V8F32, [0.0] * 8))
+    eight = ir.Constant(n.type, 8)
+    with cgutils.for_range(builder, builder.sdiv(n, eight)) as loop:
+        a = builder.load(builder.gep(lanes_a, [loop.index]), align=4)
+        b = builder.load(builder.gep(lanes_b, [loop.index]), align=4)
+        builder.store(builder.fadd(builder.load(acc), builder.fmul(a, b)), acc)
+    lanes = builder.load(acc)
+    four = builder.fadd(builder.shuffle_vector(lanes, lanes, _indices([0, 1, 2, 3])), builder.shuffle_vector(lanes, lanes, _indices([4, 5, 6, 7])))
+    two = builder.fadd(builder.shuffle_vector(four, four, _indices([0, 1])), builder.shuffle_vector(four, four, _indices([2, 3])))
+    total = cgutils.alloca_once_value(builder, builder.fadd(builder.extract_element(two, ir.Constant(_I32, 0)), builder.extract_element(two, ir.Constant(_I32, 1))))
+    scalar_a = builder.inttoptr(a_addr, _F32.as_pointer())
+    scalar_b = builder.inttoptr(b_addr, _F32.as_pointer())
+    done = builder.mul(builder.sdiv(n, eight), eight)
+    with cgutils.for_range(builder, builder.sub(n, done)) as loop:
+        i = builder.add(done, loop.index)
+        product = builder.fmul(builder.load(builder.gep(scalar_a, [i])), builder.load(builder.gep(scalar_b, [i])))
+        builder.store(builder.fadd(builder.load(total), product), total)
+    return builder.load(total)
+
+
 _ONE = (types.uintp, types.uintp, types.uintp, types.uintp, types.intp)
 _FOUR = (types.uintp, types.uintp, types.intp, types.uintp, types.uintp, types.intp, types.intp, types.uintp)
 
@@ -171,3 +201,8 @@ def code_four_rows(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out):  # ty
 @intrinsic
 def code16_four_rows(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out):  # type: ignore[no-untyped-def]
     return types.int64(*_FOUR), lambda context, builder, sig, args: _four_rows(builder, args, halves=True)
+
+
+@intrinsic
+def float_dot(typingctx, a, b, n):  # type: ignore[no-untyped-def]
+    return types.float32(types.uintp, types.uintp, types.intp), lambda context, builder, sig, args: _float_dot(builder, args)

@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from . import row_ops
+
 if TYPE_CHECKING:  # the layer reads the settings; models/config.py parses them (and imports this)
     from ..models.config import RopeConfig
 
@@ -94,6 +96,7 @@ class RotaryEmbedding:
             self.cos, self.sin = _tables(rope, head_dim, max_positions, dtype, device, long=False)  # [P, head_dim]
         self.half = head_dim // 2
         self.dim = head_dim
+        self.row_kernel = False  # quantized models: the compiled loop of ``row_ops``
 
     def cos_sin(
         self, positions: torch.Tensor, seq_lens: list[int] | None = None, extend_lens: list[int] | None = None
@@ -116,6 +119,8 @@ class RotaryEmbedding:
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.dim:  # partial rotary: the tail channels pass through
             return torch.cat((self.apply(x[..., : self.dim], cos, sin), x[..., self.dim :]), dim=-1)
+        if self.row_kernel and x.dtype == torch.float32:
+            return row_ops.rotary(x, cos, sin)
         x1, x2 = x[..., : self.half], x[..., self.half :]
         rotated = torch.cat((-x2, x1), dim=-1)
         return x * cos + rotated * sin

@@ -83,7 +83,10 @@ class ModelRunner:
         self.token_to_kv_pool = TokenToKVPool(
             max_total_tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device
         )
-        self.attn_backend = TorchAttention(f16=cfg.ggml_numerics, every_query_alone=holds_quantized_weights(self.model))
+        quantized = holds_quantized_weights(self.model)
+        if quantized:
+            self.model.use_row_kernels()
+        self.attn_backend = TorchAttention(f16=cfg.ggml_numerics, every_query_alone=quantized)
         cpu_decode_attention.set_threads(torch.get_num_threads())
         self.sampler = Sampler()
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers import row_ops
 from ..layers.activation import activation
 from ..layers.cpu_linear import linear
 from ..layers.ggml_quants import embedding
@@ -99,9 +100,12 @@ class LlamaMLP(nn.Module):
         self.gate_up_bias = _weight(2 * self.intermediate) if cfg.mlp_bias else None
         self.down_proj = _weight(cfg.hidden_size, self.intermediate)
         self.down_bias = _weight(cfg.hidden_size) if cfg.mlp_bias else None
+        self.row_kernel = False  # quantized models: silu(gate) * up in one compiled loop
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = linear(x, self.gate_up_proj, self.gate_up_bias)
+        if self.row_kernel and self.act == "silu" and gate_up.dtype == torch.float32:
+            return linear(row_ops.silu_and_mul(gate_up), self.down_proj, self.down_bias)
         gate, up = gate_up.split(self.intermediate, dim=-1)
         return linear(activation(self.act, gate) * up, self.down_proj, self.down_bias)
 
@@ -172,6 +176,17 @@ class LlamaForCausalLM(nn.Module):
                 weights = torch.stack([b.last_weights for b in blocks], dim=1)  # type: ignore[misc]
                 batch.routed_experts = (ids, weights)
         return self.norm.forward(hidden)
+
+    def use_row_kernels(self) -> None:
+        """Run the norms, the rotary and the SwiGLU activation as ``row_ops``' compiled loops
+        (quantized models: their 8-bit activation blocks need every row's bits fixed whatever
+        the batch, and a decode step is mostly the dispatch of these small operations)."""
+        for module in self.modules():
+            if hasattr(module, "row_kernel"):
+                module.row_kernel = True
+        for rotary in (self.rotary, self.rotary_local):
+            if rotary is not None:
+                rotary.row_kernel = True
 
     def first_layers(self, num_layers: int) -> LlamaForCausalLM:
         """A model made of this one's first ``num_layers`` decoder layers, its final norm and its
