@@ -11,6 +11,10 @@ Why not numba's ``prange``: a ``prange`` region ends at a barrier that waits for
 thread, so a thread the OS schedules late holds up the whole product. On the loaded 2-core
 machine one launch measured 8-20 ms, against 0.1-0.5 ms for a decode GEMV. Here a late thread
 finds the chunks taken and returns, and the caller never waits for a thread that has not started.
+The price is the handoff: a pool thread woken through a futex, then the GIL, measured at about
+the cost of a 576 x 576 quantized GEMV. The quantized integer products, a few dozen per decode
+step, use a numba parallel region instead (``ggml_quants._in_threads``), whose threads spin
+briefly between regions; on the 2-core machine with one core busy it measured no slower.
 
 Contract the kernels rely on: a chunk covers whole outputs, and every output is computed by the
 same compiled function whichever thread runs it and however the range is cut, so an output's

@@ -27,8 +27,10 @@ layer's 8-bit activation blocks turn that into other codes: a logit moved by up 
 prompt prefilled whole and the same tokens decoded one by one, so batching, the prefix cache and
 speculation changed greedy outputs.
 
-Every loop releases the GIL and covers a range of output rows; ``cpu_threads.run_rows`` splits a
-large product across threads that take chunks from one counter (no ``prange`` barrier).
+Every loop releases the GIL and covers a range of output rows. The integer loops of a large
+product run as one numba parallel region over equal ranges of rows (``_in_threads``: every
+product of a SmolLM2 decode step splits; ``cpu_threads.run_rows``' handoff cost what a 576 x 576
+product costs); the Q5 float loop and the dequantization keep ``run_rows``.
 """
 
 from __future__ import annotations
