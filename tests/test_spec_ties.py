@@ -100,7 +100,10 @@ DTYPES = {"bfloat16": None, "float16": None, "float32-rounded": GRID}
 @pytest.fixture(scope="module", params=list(DTYPES))
 def engine(request):
     dtype = request.param.split("-")[0]
-    with Engine(dtype=dtype, max_total_tokens=4000, max_running_requests=8, num_threads=1, enable_prefix_cache=False) as eng:
+    from engine.hf.model_files import default_model_dir
+
+    # the float folder: ties come from bfloat16 / float16 logits (a GGUF model computes in float32)
+    with Engine(str(default_model_dir()), dtype=dtype, max_total_tokens=4000, max_running_requests=8, num_threads=1, enable_prefix_cache=False) as eng:
         eng.name = request.param  # type: ignore[attr-defined]
         eng.probe = _Probe(eng.runner, DTYPES[request.param])  # type: ignore[attr-defined]
         eng.references = {}  # type: ignore[attr-defined]

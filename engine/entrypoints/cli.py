@@ -92,13 +92,13 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     from grammar import TokenVocabulary
 
     from ..constrained.grammar_backend import GrammarBackend
-    from ..hf.model_files import default_model_dir
+    from ..hf.model_files import default_model_path
     from .engine import grammar_disk_cache, load_tokenizer
 
     disk = grammar_disk_cache(EngineArgs(grammar_cache_dir=args.cache_dir))
     if disk is None:
         raise ValueError("--cache-dir: the grammar cache is off (FORMCAST_GRAMMAR_CACHE=off); nothing to precompile into")
-    vocab = TokenVocabulary.from_tokenizer(load_tokenizer(args.model or default_model_dir()))
+    vocab = TokenVocabulary.from_tokenizer(load_tokenizer(args.model or default_model_path()))
     backend = GrammarBackend(vocab, disk=disk)
     try:
         refused = 0

@@ -33,6 +33,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -75,7 +76,7 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
-    served_model_name: str | None = None  # default: the model folder's name
+    served_model_name: str | None = None  # default: the model folder's name (see served_model_name)
     shutdown_timeout: float = 20.0  # seconds in-flight requests get to finish on SIGINT / SIGTERM
     # Larger request bodies are answered 413 before they are parsed (a 20 MB prompt would
     # otherwise hold the event loop for seconds while it is decoded and validated).
@@ -84,8 +85,23 @@ class ServerSettings:
     access_log: bool = True
 
 
+# A GGUF file's name ends in its encoding (``.Q4_1``, ``-Q4_K_M``, ``-IQ4_XS``, ``.f16``).
+_GGUF_ENCODING_TAG = re.compile(r"[.\-_](?:I?Q\d\w*|F16|F32|BF16)$", re.IGNORECASE)
+
+
 def served_model_name(engine: Engine, settings: ServerSettings) -> str:
-    return settings.served_model_name or Path(str(engine.runner.model_path)).name
+    """``--served-model-name``, else the model folder's name, or a GGUF file's name without its
+    extension and encoding tag: the embedded model is ``SmolLM2-135M-Instruct`` from its Q4_1
+    file as from the folder converted from it, so clients keep one name."""
+    return settings.served_model_name or model_name(engine.runner.model_path)
+
+
+def model_name(model_path: object) -> str:
+    """A folder's name; a GGUF file's name without ``.gguf`` and its encoding tag."""
+    path = Path(str(model_path))
+    if path.suffix.lower() != ".gguf":
+        return path.name
+    return _GGUF_ENCODING_TAG.sub("", path.stem) or path.stem
 
 
 def build_app(engine: Engine, settings: ServerSettings, *, shutdown_engine: bool = False) -> FastAPI:

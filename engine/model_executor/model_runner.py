@@ -126,15 +126,7 @@ class ModelRunner:
         return logits if batch.row_layout is None else batch.row_layout.sampling_logits(logits)
 
 
-# "gguf": the embedded model runs straight from its GGUF file (weights kept Q4_1, tokenizer from the
-# file's metadata) instead of the fp32 folder converted from it. Opt-in until the whole suite has
-# run on that path.
-DEFAULT_MODEL_FORMAT_ENV = "FORMCAST_DEFAULT_MODEL_FORMAT"
-
-
 def _default_model_path() -> Path:
-    from ..hf.model_files import default_model_dir, gguf_path
+    from ..hf.model_files import default_model_path
 
-    if os.environ.get(DEFAULT_MODEL_FORMAT_ENV, "hf") == "gguf":
-        return gguf_path()
-    return default_model_dir()
+    return default_model_path()
