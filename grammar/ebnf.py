@@ -23,7 +23,8 @@ Checks: syntax errors, duplicate and undefined rules, a missing root and an empt
 :func:`grammar_checks.eliminate_left_recursion` (shared with the Lark front end): direct
 (``A ::= A x | A y | b | c``  ->  ``A ::= (b | c) (x | y)*``), inside leading groups and options,
 and indirect through other rules; left recursion that remains (through a nullable prefix such as
-``A ::= ws? A x``) is refused with the rule's position.
+``A ::= ws? A x``, or a cycle whose rewrite passes ``grammar_checks.REWRITE_ALTERNATIVES``) is
+refused with the rule's position.
 """
 
 from __future__ import annotations

@@ -139,7 +139,11 @@ def _cyclic_rules(rules: dict[str, ir.Expr]) -> list[str]:
     return [name for name in rules if name in cyclic]
 
 
-def eliminate_left_recursion(grammar: ir.Grammar, limit: int = 64) -> ir.Grammar:
+# Paull's inlining multiplies a cycle's alternatives: past this many, a rule is left as it is.
+REWRITE_ALTERNATIVES = 256
+
+
+def eliminate_left_recursion(grammar: ir.Grammar, limit: int = REWRITE_ALTERNATIVES) -> ir.Grammar:
     """Rewrite left recursion into iteration, keeping the language.
 
     Direct: ``A ::= A x | b`` becomes ``A ::= b x*``, after pulling ``A`` out of leading groups and
@@ -280,7 +284,8 @@ def check_grammar(grammar: ir.Grammar, positions: dict[str, _Pos] | None = None)
     for name in grammar.rules:  # the first such rule as written
         if name in cyclic:
             raise _error(
-                f"rule {name!r} is left-recursive (it can reach itself without consuming input); "
-                "left recursion through a nullable prefix (A ::= B A x with B able to match nothing) cannot be rewritten",
+                f"rule {name!r} is left-recursive (it can reach itself without consuming input) in a way "
+                "that cannot be rewritten: through a nullable prefix (A ::= B A x with B able to match "
+                f"nothing), or through a cycle of rules whose rewrite would take more than {REWRITE_ALTERNATIVES} alternatives",
                 positions.get(name),
             )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import require_optional
@@ -112,6 +112,7 @@ def left_recursive_text(rng: random.Random) -> str:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 2**32 - 1))
+@example(seed=23596)  # a three-rule cycle through optional groups: 65 to 128 alternatives rewritten
 def test_left_recursion_rewrite_keeps_xgrammars_language(seed: int) -> None:
     # XGrammar's Earley parser takes left recursion as written; ours rewrites it into iteration.
     rng = random.Random(seed)
