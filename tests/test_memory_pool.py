@@ -73,3 +73,19 @@ def test_random_alloc_free_sequences(ops):
     for locs in live:
         pool.free(locs)
     assert pool.available_size() == start
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_set_kv_fills_the_slots_it_is_given_and_nothing_else(dtype):
+    """A float32 pool copies in its compiled loop, others through ``index_copy_``: the same rows.
+    K and V arrive as views of a fused projection (not contiguous), as a forward passes them."""
+    pool = TokenToKVPool(9, num_layers=2, num_kv_heads=3, head_dim=8, dtype=dtype)
+    assert pool.compiled_copy == (dtype == torch.float32)
+    qkv = torch.randn(2, 2 * 3 * 8 + 5)
+    k, v = qkv[:, 5 : 5 + 24].view(2, 3, 8), qkv[:, 5 + 24 :].view(2, 3, 8)
+    pool.set_kv(1, torch.tensor([6, 2]), k, v)
+    expected_k, expected_v = torch.zeros(10, 3, 8, dtype=dtype), torch.zeros(10, 3, 8, dtype=dtype)
+    expected_k[[6, 2]], expected_v[[6, 2]] = k.to(dtype), v.to(dtype)
+    assert torch.equal(pool.k_buffer[1][[0, 2, 6]], expected_k[[0, 2, 6]])
+    assert torch.equal(pool.v_buffer[1][[0, 2, 6]], expected_v[[0, 2, 6]])
+    assert torch.equal(pool.k_buffer[0][0], torch.zeros(3, 8, dtype=dtype))  # slot 0 stays zero

@@ -1,7 +1,7 @@
 """engine.layers.row_ops: a quantized model's small per-row operations as compiled loops.
 
-- Against torch: RMSNorm and SiLU-and-multiply to float32 accuracy; the rotary and the cache
-  write bit for bit (each product rounds before the sum, as torch's separate operations do).
+- Against torch: RMSNorm and SiLU-and-multiply to float32 accuracy; the rotary bit for bit (each
+  product rounds before the sum, as torch's separate operations do).
 - Batch invariance: a row's bits alone equal its bits among other rows.
 - Only quantized models switch to them (``ModelRunner`` on a GGUF file); float models keep
   torch's operations, which the transformers oracle tests pin.
@@ -64,15 +64,6 @@ def test_silu_and_mul_agrees_with_torch():
     gate, up = gate_up.split(48, dim=-1)
     torch.testing.assert_close(row_ops.silu_and_mul(gate_up), F.silu(gate) * up, rtol=2e-6, atol=1e-6)
     assert torch.equal(row_ops.silu_and_mul(gate_up[2:3])[0], row_ops.silu_and_mul(gate_up)[2])
-
-
-def test_write_kv_fills_the_slots_it_is_given_and_nothing_else():
-    k_pool, v_pool = torch.zeros(10, 3, 8), torch.zeros(10, 3, 8)
-    k, v = _rows(7, 2 * 3, 8).view(2, 3, 8), _rows(8, 2 * 3, 8).view(2, 3, 8)
-    row_ops.write_kv(k_pool, v_pool, torch.tensor([6, 2]), k, v)
-    expected_k, expected_v = torch.zeros(10, 3, 8), torch.zeros(10, 3, 8)
-    expected_k[[6, 2]], expected_v[[6, 2]] = k, v
-    assert torch.equal(k_pool, expected_k) and torch.equal(v_pool, expected_v)
 
 
 @pytest.mark.slow

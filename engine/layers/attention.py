@@ -75,7 +75,7 @@ import torch.nn.functional as F
 
 from kernels import PagedRows, paged_decode_attention
 
-from . import cpu_decode_attention, cpu_linear, row_ops
+from . import cpu_decode_attention, cpu_linear
 
 from ..forward.forward_batch import ForwardBatch
 
@@ -327,11 +327,8 @@ class TorchAttention:
         pool = batch.token_to_kv_pool
         if self.f16:
             q, k, v = _round_f16(q), _round_f16(k), _round_f16(v)
+        pool.set_kv(layer, batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.k_buffer[layer], pool.v_buffer[layer]
-        if k_buf.dtype == torch.float32 and k_buf.device.type == "cpu":
-            row_ops.write_kv(k_buf, v_buf, batch.out_cache_loc, k, v)  # one call, not two index_copy_
-        else:
-            pool.set_kv(layer, batch.out_cache_loc, k, v)
         meta = self._metadata(batch, window, softcap)
         out = torch.empty_like(q)
         heads, dim = q.shape[1], q.shape[2]

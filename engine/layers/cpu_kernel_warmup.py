@@ -29,8 +29,6 @@ def warm_up(
     would use it."""
     if cpu_linear.njit is not None and weight_dtype in cpu_linear.LOOP_DTYPES:
         cpu_linear.rows_agree(weight_dtype)  # runs the loop on forward-typed arrays
-    if kv_dtype == torch.float32:
-        row_ops.warm_up()  # the cache write
     if cpu_decode_attention.available() and kv_dtype in (torch.float32, torch.bfloat16) and heads % kv_heads == 0:
         bf16 = kv_dtype == torch.bfloat16
         q = np.zeros((1, heads, head_dim), np.float32)

@@ -1,10 +1,10 @@
 """The small per-row operations of a quantized model's layer as compiled loops: RMSNorm, rotary
-embedding, the gated activation and the KV cache write.
+embedding and the gated activation.
 
-At batch 1 a SmolLM2 decode step runs 61 RMSNorms, 30 rotary applications, 30 activations and 30
-cache writes; each costs torch several dispatches (``F.rms_norm`` on 576 floats measured 43 µs in
-a step, the rotary 33 µs, the cache write 28 µs) for a few hundred nanoseconds of arithmetic. Here
-each is one numba call, about 2-4 µs.
+At batch 1 a SmolLM2 decode step runs 61 RMSNorms, 30 rotary applications and 30 activations;
+each costs torch several dispatches (``F.rms_norm`` on 576 floats measured 43 µs in a step, the
+rotary 33 µs) for a few hundred nanoseconds of arithmetic. Here each is one numba call, about 2-4
+µs. (The float32 cache write is the pool's own: ``mem_cache.memory_pool``.)
 
 Why only for quantized models (``LlamaForCausalLM.use_row_kernels``): their activations are
 quantized to 8-bit blocks before every product, which turns any difference in the last bit of a
@@ -62,18 +62,6 @@ def _silu_and_mul(gate_up, out):  # pragma: no cover - compiled
             out[r, j] = (g / (np.float32(1.0) + np.float32(math.exp(-g)))) * gate_up[r, inner + j]
 
 
-@njit(nogil=True, cache=True, boundscheck=False)
-def _write_kv(k_pool, v_pool, locs, k, v):  # pragma: no cover - compiled
-    """Rows ``locs`` of one layer's pools [slots, kv_heads, dim] take k and v [T, kv_heads, dim]."""
-    tokens, heads, dim = k.shape
-    for t in range(tokens):
-        slot = locs[t]
-        for h in range(heads):
-            for j in range(dim):
-                k_pool[slot, h, j] = k[t, h, j]
-                v_pool[slot, h, j] = v[t, h, j]
-
-
 def _array(x: torch.Tensor) -> np.ndarray:
     return x.float().contiguous().numpy()
 
@@ -102,16 +90,9 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, locs: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """One layer's float32 pools [slots, kv_heads, dim] take the new tokens' k and v at ``locs``."""
-    _write_kv(k_pool.numpy(), v_pool.numpy(), locs.numpy(), _array(k), _array(v))
-
-
 def warm_up() -> None:
     """Run every loop once on forward-typed arrays (compiled or loaded before the engine is ready)."""
     x = torch.ones(1, 2, 4)
     rms_norm(x[0], torch.ones(4), 1e-5)
     rotary(x, torch.ones(1, 1, 4), torch.zeros(1, 1, 4))
     silu_and_mul(x[0])
-    pool = torch.zeros(2, 2, 4)
-    write_kv(pool, pool.clone(), torch.zeros(1, dtype=torch.int64), x, x)

@@ -9,13 +9,35 @@
 Allocation never raises in the hot path: ``alloc`` returns ``None`` when the pool is short and the
 scheduler decides (wait, retract, evict). Freeing is exact and checked: freeing a slot that is not
 allocated raises, because a double free would hand one token's memory to two requests.
+
+A float32 pool on the CPU takes a forward's new K and V in one compiled loop (``set_kv``): two
+``index_copy_`` calls cost 28 µs a layer in a SmolLM2 decode step, a thirtieth of it. The pool
+runs it once at construction (zeros into slot 0, which stays zero), so no request compiles it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
+from numba import njit
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def _copy_kv(k_pool, v_pool, locs, k, v):  # pragma: no cover - compiled
+    """Rows ``locs`` of one layer's pools [slots, kv_heads, dim] take k and v [T, kv_heads, dim]."""
+    tokens, heads, dim = k.shape
+    for t in range(tokens):
+        slot = locs[t]
+        for h in range(heads):
+            for j in range(dim):
+                k_pool[slot, h, j] = k[t, h, j]
+                v_pool[slot, h, j] = v[t, h, j]
+
+
+def _rows(x: torch.Tensor) -> np.ndarray:
+    return x.float().contiguous().numpy()
 
 
 class KVPoolError(RuntimeError):
@@ -119,6 +141,10 @@ class TokenToKVPool:
         self.v_buffer = torch.empty(shape, dtype=dtype, device=self.device)
         self.k_buffer[:, 0].zero_()
         self.v_buffer[:, 0].zero_()
+        self.compiled_copy = dtype == torch.float32 and self.device.type == "cpu"
+        if self.compiled_copy:  # compiles or loads the loop now, with a forward's array types
+            zeros = torch.zeros(1, num_kv_heads, head_dim)
+            self.set_kv(0, torch.zeros(1, dtype=torch.int64), zeros, zeros)
 
     def available_size(self) -> int:
         return self.allocator.available_size()
@@ -130,6 +156,9 @@ class TokenToKVPool:
         self.allocator.free(locs)
 
     def set_kv(self, layer: int, locs: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self.compiled_copy:
+            _copy_kv(self.k_buffer[layer].numpy(), self.v_buffer[layer].numpy(), locs.numpy(), _rows(k), _rows(v))
+            return
         self.k_buffer[layer].index_copy_(0, locs, k.to(self.dtype))
         self.v_buffer[layer].index_copy_(0, locs, v.to(self.dtype))
 
