@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.model_executor.forward_batch import ForwardBatch, ForwardInput  # noqa: E402
+from engine.layers.panel_linear import panel_weights  # noqa: E402
 from engine.model_executor.model_runner import ModelRunner  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -167,7 +168,8 @@ def weight_bytes(runner: ModelRunner) -> int:
             continue
         seen.add(id(p))
         total += p.numel() * p.element_size()
-    return total
+    untied_embedding = None if runner.model_config.tie_word_embeddings else runner.model.embed_tokens
+    return total + sum(w.nbytes for w in panel_weights(runner.model) if w is not untied_embedding)
 
 
 MAX_CTX = 1024

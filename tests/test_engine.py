@@ -308,14 +308,22 @@ def test_startup_heap_is_frozen_out_of_full_collections():
         assert gc.get_freeze_count() == 0
 
 
-def test_no_request_compiles_a_cpu_kernel_after_ready():
-    # Issue 25: the engine runs its CPU kernels (linear loop, paged decode attention) before it
-    # reports ready, with the types a forward passes them, so a request compiles none of them.
-    from engine.layers import cpu_decode_attention, cpu_linear
+@pytest.mark.parametrize("model_format", ["gguf", "hf"])
+def test_no_request_compiles_a_cpu_kernel_after_ready(model_format):
+    # Issue 25: the engine runs its CPU kernels (linear loop, panel product, paged decode
+    # attention) before it reports ready, with the types a forward passes them, so a request
+    # compiles none of them. The GGUF default keeps its matrices in blocks; the HF folder's are
+    # float panels.
+    from engine.hf.model_files import default_model_dir
+    from engine.layers import cpu_decode_attention, cpu_linear, panel_linear
 
-    with Engine(dtype="float32", max_total_tokens=500, num_threads=1) as eng:
+    path = default_model_dir() if model_format == "hf" else None
+    with Engine(path, dtype="float32", max_total_tokens=500, num_threads=1) as eng:
         cfg = eng.runner.model_config
         kernels = [cpu_linear._linear_f32, cpu_decode_attention.kernel_for(cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, False)]
+        if model_format == "hf":
+            assert panel_linear.panel_weights(eng.runner.model), "an HF folder loads into panels"
+            kernels.append(panel_linear._product)
         ready = [list(k.signatures) for k in kernels]
         assert all(ready), "compiled or loaded before ready"
         out = eng.generate("The capital of France is", {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True})

@@ -17,7 +17,8 @@ import torch
 
 from engine.model_executor.model_runner import ModelRunner
 from engine.models.config import ModelLoadError
-from engine.models.weight_quantization import SCHEMES, check_scheme, quantize_matrix, quantize_model
+from engine.layers.panel_linear import PanelWeight
+from engine.models.weight_quantization import SCHEMES, check_scheme, quantize_matrix, quantize_model, replace_matrix
 
 from model_loop import GreedyLoop
 from test_model_runner import _save_tiny
@@ -93,8 +94,8 @@ def test_quantized_model_computes_the_dequantized_models_logits(tiny_folder, sch
             (getattr(layer, part), attr) for layer in exact.model.layers
             for part, attr in (("self_attn", "qkv_proj"), ("self_attn", "o_proj"), ("mlp", "gate_up_proj"), ("mlp", "down_proj"))
         ]:  # fmt: skip
-            weight = getattr(owner, name)
-            weight.copy_(quantize_matrix(weight, scheme).dequantize())
+            # the float model's matrices are packed at load (``weight_panels``): replace, not copy into
+            replace_matrix(owner, name, PanelWeight(quantize_matrix(getattr(owner, name).dense(), scheme).dequantize()))
     dequantized = _logits(exact, prompt)
     got = _logits(quantized, prompt)
     scale = original.abs().max()

@@ -160,6 +160,7 @@ class Engine:
             f16_probs=self.runner.attn_backend.f16, softcap=cfg.attn_softcap,
         )  # fmt: skip
         cpu_kernel_warmup.warm_up_quantized(self.runner.model)
+        cpu_kernel_warmup.warm_up_panels(self.runner.model)
         cpu_kernel_warmup.warm_up_moe(self.runner.model)
 
     def shutdown(self) -> None:

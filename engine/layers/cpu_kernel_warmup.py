@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import cpu_decode_attention, cpu_linear, cpu_moe, row_ops
+from . import cpu_decode_attention, cpu_linear, cpu_moe, panel_linear, row_ops
 from .ggml_quants import holds_quantized_weights, quantized_weights
 
 
@@ -55,6 +55,12 @@ def warm_up_quantized(model: torch.nn.Module) -> None:
                 for split in (False, True):  # on this thread and across threads
                     rows.matmul(torch.zeros(m_rows, w.shape[1]), split=split)
             rows.embedding(torch.zeros(1, dtype=torch.int64))
+
+
+def warm_up_panels(model: torch.nn.Module) -> None:
+    """The panel product (``panel_linear``) for each dtype of the packed matrices ``model`` holds."""
+    for dtype in {w.dtype for w in panel_linear.panel_weights(model)}:
+        panel_linear.warm_up(dtype)
 
 
 def warm_up_moe(model: torch.nn.Module) -> None:

@@ -1,4 +1,11 @@
-"""Linear layers on the CPU as one compiled loop (numba), where torch's GEMM is slow.
+"""Linear layers on the CPU: the entry point for every matrix, and a compiled loop for the
+float tensors that reach it unpacked.
+
+A model loaded for the CPU holds its dense matrices as ``panel_linear.PanelWeight`` (packed at
+load by ``models.weight_panels``) or in a ggml block format (``ggml_quants``); ``linear`` hands
+those to their own products. What follows is the loop for plain float tensors: models built
+in memory (tests, a draft assembled by hand), a mixture of experts' per-expert fallback and the
+float parts of a stacked GGUF matrix.
 
 A decode step of a small batch, or a speculative verification of a few positions, multiplies a
 handful of activation rows by every weight matrix: the work is reading the weights once. torch's
@@ -41,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from .ggml_quants import is_quantized
+from .panel_linear import PanelWeight
 
 try:  # numba is a dependency; keep the engine importable (torch path) if its install is broken
     from numba import njit, prange
@@ -181,8 +189,8 @@ def uses_compiled_loop(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, through the compiled loop where it is faster (float32
     accumulation; the result in ``x``'s dtype). A weight kept in a ggml block format
-    (``ggml_quants``) multiplies with its own kernels."""
-    if is_quantized(weight):
+    (``ggml_quants``) or packed in panels (``panel_linear``) multiplies with its own kernels."""
+    if is_quantized(weight) or isinstance(weight, PanelWeight):
         out = weight.matmul(x)  # type: ignore[union-attr]
         if bias is not None:
             out += bias

@@ -547,7 +547,8 @@ def holds_quantized_weights(model: torch.nn.Module) -> bool:
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
-    """Rows ``ids`` of an embedding matrix, dequantized when it is kept in a block format."""
-    if isinstance(weight, QuantizedWeight):
-        return weight.embedding(ids)
-    return F.embedding(ids, weight)
+    """Rows ``ids`` of an embedding matrix, dequantized when it is kept in a block format (or
+    read from the panels of a head it is tied to: ``panel_linear.PanelWeight``)."""
+    if isinstance(weight, torch.Tensor):
+        return F.embedding(ids, weight)
+    return weight.embedding(ids)

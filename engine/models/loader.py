@@ -154,12 +154,17 @@ def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device, qua
     if folder.is_file():
         from .gguf_loader import load_gguf_model
 
-        return load_gguf_model(folder, dtype, device)
-    model = _load_folder(folder, dtype, device)
+        model = load_gguf_model(folder, dtype, device)
+    else:
+        model = _load_folder(folder, dtype, device)
     if quantization is not None:
         from .weight_quantization import quantize_model
 
         quantize_model(model, quantization)
+    if device.type == "cpu":  # the dense matrices left in float, in the CPU product's layout
+        from .weight_panels import pack_model
+
+        pack_model(model)
     return model
 
 

@@ -18,12 +18,14 @@ in float32 (the kernels' accumulation type). CPU only, as the kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..layers.ggml_quants import QK, QuantizedWeight
+from ..layers.panel_linear import PanelWeight
 
 SCHEMES = {"int8": "Q8_0", "int4": "Q4_0"}
 
@@ -59,8 +61,28 @@ def quantize_matrix(weight: torch.Tensor, scheme: str) -> QuantizedWeight:
 
 
 # (module path relative to a decoder layer, attribute) of the dense matrices a layer multiplies.
-_LAYER_MATRICES = (("self_attn", "qkv_proj"), ("self_attn", "o_proj"), ("mlp", "gate_up_proj"), ("mlp", "down_proj"),
-                   ("mlp.shared_expert", "gate_up_proj"), ("mlp.shared_expert", "down_proj"))  # fmt: skip
+LAYER_MATRICES = (("self_attn", "qkv_proj"), ("self_attn", "o_proj"), ("mlp", "gate_up_proj"), ("mlp", "down_proj"),
+                  ("mlp.shared_expert", "gate_up_proj"), ("mlp.shared_expert", "down_proj"))  # fmt: skip
+
+
+def matrix_slots(model: nn.Module) -> Iterator[tuple[nn.Module, str, str]]:
+    """(owning module, attribute, path) of each dense matrix the forward multiplies: the output
+    head first, then every layer's ``LAYER_MATRICES`` that the layer has."""
+    yield model, "lm_head", "lm_head"
+    for i, layer in enumerate(model.layers):
+        for owner_path, name in LAYER_MATRICES:
+            try:
+                owner = layer.get_submodule(owner_path)
+            except AttributeError:
+                continue
+            if owner is not None:
+                yield owner, name, f"layers.{i}.{owner_path}.{name}"
+
+
+def replace_matrix(owner: nn.Module, name: str, value: object) -> None:
+    """Put a matrix kept in another form than a tensor (not a Parameter) on ``owner``."""
+    owner._parameters.pop(name, None)
+    setattr(owner, name, value)
 
 
 def quantize_model(model: nn.Module, scheme: str) -> QuantizationReport:
@@ -73,7 +95,9 @@ def quantize_model(model: nn.Module, scheme: str) -> QuantizationReport:
 
     def encode(owner: nn.Module, name: str, path: str) -> None:
         nonlocal before, after
-        weight = getattr(owner, name, None)
+        slot = weight = getattr(owner, name, None)
+        if isinstance(weight, PanelWeight):  # a float CPU model's matrix, packed at load
+            weight = weight.dense()
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
             if isinstance(weight, torch.Tensor):
                 kept.append(path)
@@ -81,29 +105,19 @@ def quantize_model(model: nn.Module, scheme: str) -> QuantizationReport:
         if weight.shape[1] % QK:
             kept.append(path)
             return
-        if id(weight) not in encoded:
+        if id(slot) not in encoded:
             before += weight.numel() * 4
-            encoded[id(weight)] = quantize_matrix(weight, scheme)
-            after += encoded[id(weight)].nbytes
-        owner._parameters.pop(name, None)
-        setattr(owner, name, encoded[id(weight)])
+            encoded[id(slot)] = quantize_matrix(weight, scheme)
+            after += encoded[id(slot)].nbytes
+        replace_matrix(owner, name, encoded[id(slot)])
         done.append(path)
 
-    head = model.lm_head
-    encode(model, "lm_head", "lm_head")
-    if model.embed_tokens is head:  # tied: the embedding reads rows of the same encoded matrix
-        model._parameters.pop("embed_tokens", None)
-        model.embed_tokens = model.lm_head
+    tied = model.embed_tokens is model.lm_head
+    for owner, name, path in matrix_slots(model):
+        encode(owner, name, path)
+    if tied:  # the embedding reads rows of the same encoded matrix
+        replace_matrix(model, "embed_tokens", model.lm_head)
     for i, layer in enumerate(model.layers):
-        for owner_path, name in _LAYER_MATRICES:
-            try:
-                owner = layer.get_submodule(owner_path)
-            except AttributeError:
-                continue
-            if owner is None:
-                continue
-            encode(owner, name, f"layers.{i}.{owner_path}.{name}")
-        experts = getattr(layer.mlp, "experts", None)
-        if experts is not None or hasattr(layer.mlp, "gate"):
+        if getattr(layer.mlp, "experts", None) is not None or hasattr(layer.mlp, "gate"):
             kept.append(f"layers.{i}.mlp (router and experts)")
     return QuantizationReport(scheme, tuple(done), tuple(kept), before, after)
