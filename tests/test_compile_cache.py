@@ -85,6 +85,16 @@ def test_the_api_and_the_backend_share_one_compiled_grammar():
         backend.shutdown()
 
 
+def test_a_shut_down_backend_starts_no_compile_process():
+    # The switch to compiled grammar kernels calls start_compile_processes from another thread; on
+    # a fresh install it can come after the engine closed (spec_bench's first engine did).
+    from engine.constrained.grammar_backend import GrammarBackend
+
+    backend = GrammarBackend(VOCAB, compile_processes=1)
+    backend.shutdown()
+    backend.start_compile_processes()
+
+
 def test_bad_json_text_is_refused_before_any_compile():
     with pytest.raises(SchemaError, match="not valid JSON"):
         Constraint.json_schema('{"type": ')

@@ -68,6 +68,7 @@ class GrammarBackend:
         self._processes = CompilePool(compile_processes) if compile_processes > 0 else None
         self._outcomes: OrderedDict[tuple, Future] = OrderedDict()
         self._lock = threading.Lock()
+        self._closed = False
         self.stats = {"compiles": 0, "hits": 0, "errors": 0}
         # Each is called with (kind, seconds) after every compile, refused or not (server metrics).
         self.compile_observers: list[Callable[[str, float], None]] = []
@@ -138,11 +139,17 @@ class GrammarBackend:
 
     def start_compile_processes(self) -> None:
         """Start the compile processes now (in the background) and have them load their kernels,
-        so the first constrained request does not wait for a process to start."""
-        if self._processes is not None:
+        so the first constrained request does not wait for a process to start. Nothing once the
+        backend is shut down: the kernel switch that calls this can come after an engine closed."""
+        if self._processes is not None and not self._closed:
             probe = Constraint.json_schema({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3})
             for _ in range(self._processes.size):
-                self._pool.submit(self._processes, probe, CompileBudget())
+                try:
+                    self._pool.submit(self._processes, probe, CompileBudget())
+                except RuntimeError:  # the pool was shut down meanwhile
+                    if not self._closed:
+                        raise
+                    return
 
     def compile_beside(self, running: Callable[[], bool]) -> None:
         """``running()`` says whether requests are decoding: a compile process then waits for idle
@@ -151,6 +158,7 @@ class GrammarBackend:
             self._processes.busy = running
 
     def shutdown(self) -> None:
+        self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:
             self._processes.close()
