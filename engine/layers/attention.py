@@ -27,11 +27,10 @@ included, attends alone (consecutive queries of a row share one run of slots), s
 last rows computed after a cached prefix equal the same rows of a whole prefill (bfloat16 argmax
 ties flip at the difference; float32 moves by ~1e-6 and keeps SDPA's speed). That costs about
 twice the prefill time, so it is opt-in (``set_row_invariant_prefill``, the Engine's
-``enable_deterministic_inference``). The linear layers are row-invariant while a forward
-multiplies at most ``cpu_linear.MAX_ROWS_F32`` rows (the compiled loop), and at every row count
-for bfloat16 weights when that is on; beyond that torch's GEMM may round
-a float32 row differently, so float32 bit-identity across forward shapes holds for forwards of
-at most that many tokens (what the tests check).
+``enable_deterministic_inference``). The linear layers of a model loaded for the CPU are
+row-invariant at every row count (``panel_linear``: its matrices are packed at load); a plain
+float tensor that reaches ``cpu_linear`` is so up to ``cpu_linear.MAX_ROWS_F32`` rows, and at
+every row count for bfloat16 when that switch is on.
 
 Quantized models (GGUF files, ``quantization=``; ``TorchAttention(every_query_alone=True)``)
 attend every query alone on the CPU's paged kernel, prefill included, over a float32 pool too:
