@@ -37,4 +37,3 @@ def pack_model(model: nn.Module) -> int:
     if tied and isinstance(model.lm_head, PanelWeight):
         replace_matrix(model, "embed_tokens", model.lm_head)
     return count
-
