@@ -12,6 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from property_budget import examples
+
 from engine.layers.cpu_linear import linear
 from engine.layers.ggml_quants import embedding
 from engine.layers.panel_linear import PANEL, TILE_ROWS, PanelWeight, panel_weights
@@ -38,7 +40,7 @@ def test_product_is_the_float64_product(dtype, n, k):
     assert bool(((got.double() - want).abs() <= bound).all())
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     m=st.integers(1, 3 * TILE_ROWS + 2), n=st.integers(1, 50), k=st.integers(1, 70),
     row=st.integers(0, 100), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16),
