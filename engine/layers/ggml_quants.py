@@ -36,6 +36,7 @@ product costs); the Q5 float loop and the dequantization keep ``run_rows``.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -45,6 +46,9 @@ from numba import njit, prange
 from .cpu_threads import run_rows, threads
 from .fp16_round import round_half
 from .int_dot import code16_four_rows, code16_row_dot, code_four_rows, code_row_dot, float_dot, nibble_four_rows, nibble_row_dot
+
+if TYPE_CHECKING:
+    from .panel_linear import PanelWeight
 
 QK = 32
 QK_K = 256
@@ -546,7 +550,7 @@ def holds_quantized_weights(model: torch.nn.Module) -> bool:
     return next(quantized_weights(model), None) is not None
 
 
-def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight | PanelWeight) -> torch.Tensor:
     """Rows ``ids`` of an embedding matrix, dequantized when it is kept in a block format (or
     read from the panels of a head it is tied to: ``panel_linear.PanelWeight``)."""
     if isinstance(weight, torch.Tensor):

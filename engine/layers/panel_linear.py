@@ -184,6 +184,7 @@ def panel_weights(model: torch.nn.Module) -> list[PanelWeight]:
 
 
 def warm_up(dtype: torch.dtype) -> None:
-    """Compile (or load) the product for ``dtype`` panels, every tile height included."""
+    """Compile (or load) the product for ``dtype`` panels with the types a forward passes it (one
+    compiled version holds every tile height)."""
     weight = PanelWeight(torch.zeros(PANEL, 8, dtype=dtype))
     weight.matmul(torch.zeros(TILE_ROWS * 2 - 1, 8))
