@@ -9,7 +9,21 @@ not torch (a second of every kernel compile on a cold cache).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def _float_bits(typingctx, x):  # type: ignore[no-untyped-def]
+    """The IEEE bits of a float32, as a uint32 (a register move: no array round trip)."""
+    return types.uint32(types.float32), lambda context, builder, sig, args: builder.bitcast(args[0], ir.IntType(32))
+
+
+@intrinsic
+def _bits_float(typingctx, bits):  # type: ignore[no-untyped-def]
+    """The float32 whose IEEE bits are ``bits``."""
+    return types.float32(types.uint32), lambda context, builder, sig, args: builder.bitcast(args[0], ir.FloatType())
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -22,11 +36,11 @@ def round_half(x):  # pragma: no cover - compiled
         return np.float32(np.inf) if x > 0 else np.float32(-np.inf)
     if ax < 6.103515625e-05:  # subnormal fp16: multiples of 2**-24
         return np.float32(np.rint(x * 16777216.0) / 16777216.0)
-    bits = np.array([x], dtype=np.float32).view(np.uint32)[0]
+    bits = _float_bits(np.float32(x))
     # keep 10 mantissa bits of 23: round the low 13 bits to even
     low = bits & np.uint32(0x1FFF)
     bits = bits & np.uint32(0xFFFFE000)
     half = np.uint32(0x1000)
     if low > half or (low == half and (bits & np.uint32(0x2000)) != 0):
         bits = bits + np.uint32(0x2000)
-    return np.array([bits], dtype=np.uint32).view(np.float32)[0]
+    return _bits_float(np.uint32(bits))
