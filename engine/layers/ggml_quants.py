@@ -454,10 +454,13 @@ class QuantizedWeight:
         """x [M, K] float -> x @ W.T [M, N] float32, any M (each row as it would be alone).
         ``split``: run the integer loops across threads (True) or on this one (False) whatever
         the product's size (the warm-up compiles both); the bits are the same."""
-        m_rows = x.shape[0]
-        x32 = x.float().contiguous().numpy()
+        return torch.from_numpy(self.matmul_rows(x.float().contiguous().numpy(), split))
+
+    def matmul_rows(self, x32: np.ndarray, split: bool | None = None) -> np.ndarray:
+        """``matmul`` of C-ordered float32 rows [M, K], as a numpy array [M, N]."""
+        m_rows = x32.shape[0]
         if self.type_name in BLOCK_TYPES:
-            return torch.from_numpy(self._block_product(x32, split))
+            return self._block_product(x32, split)
         # K-quants: Q8_K activations; the minimum terms use their 16-element sums, times the scale.
         k_dim = self.shape[1]
         a = self.arrays
@@ -476,7 +479,7 @@ class QuantizedWeight:
         xd_sub = np.repeat(xd, a["scale"].shape[1] // xd.shape[1], axis=1)
         macs = m_rows * self.shape[0] * k_dim
         _in_threads(_mm_int8, _mm_int8_threaded, self.shape[0], macs, split, a["q"], a["scale"], a["min"], xq, xd_sub, xsum, out)
-        return torch.from_numpy(out)
+        return out
 
     def _block_product(self, x32: np.ndarray, split: bool | None = None) -> np.ndarray:
         """Activation rows times a 32-element-block matrix (per-call Python work is a decode step's

@@ -4,7 +4,9 @@ embedding and the gated activation.
 At batch 1 a SmolLM2 decode step runs 61 RMSNorms, 30 rotary applications and 30 activations;
 each costs torch several dispatches (``F.rms_norm`` on 576 floats measured 43 µs in a step, the
 rotary 33 µs) for a few hundred nanoseconds of arithmetic. Here each is one numba call, about 2-4
-µs. (The float32 cache write is the pool's own: ``mem_cache.memory_pool``.)
+µs. (The float32 cache write is the pool's own: ``mem_cache.memory_pool``.) The ``*_rows``
+functions take and return numpy arrays, for ``models.row_forward``, which also adds the residual
+stream in the norm's loop (``add_rms_norm_rows``: the same IEEE additions, then the same norm).
 
 Why only for quantized models (``LlamaForCausalLM.use_row_kernels``): their activations are
 quantized to 8-bit blocks before every product, which turns any difference in the last bit of a
@@ -37,6 +39,16 @@ def _rms_norm(x, weight, eps, out):  # pragma: no cover - compiled
         scale = np.float32(1.0 / math.sqrt(total / dim + eps))
         for j in range(dim):
             out[r, j] = (x[r, j] * scale) * weight[j]
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def _add_rms_norm(residual, delta, weight, eps, total, out):  # pragma: no cover - compiled
+    """total = residual + delta (the residual stream's add), out = its RMSNorm (``_rms_norm``)."""
+    rows, dim = residual.shape
+    for r in range(rows):
+        for j in range(dim):
+            total[r, j] = residual[r, j] + delta[r, j]
+    _rms_norm(total, weight, eps, out)
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
@@ -90,9 +102,41 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
+# The same loops on numpy arrays (C-ordered float32), for ``models.row_forward``: no torch call
+# between two loops.
+
+
+def rms_norm_rows(x: np.ndarray, weight: np.ndarray, eps: np.float64) -> np.ndarray:
+    out = np.empty_like(x)
+    _rms_norm(x, weight, eps, out)
+    return out
+
+
+def add_rms_norm_rows(residual: np.ndarray, delta: np.ndarray, weight: np.ndarray, eps: np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """(residual + delta, its RMSNorm)."""
+    total, out = np.empty_like(residual), np.empty_like(residual)
+    _add_rms_norm(residual, delta, weight, eps, total, out)
+    return total, out
+
+
+def rotary_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """``x`` [T, heads, dim] rotated by ``cos`` / ``sin`` [T, dim]."""
+    out = np.empty_like(x)
+    _rotary(x, cos, sin, out)
+    return out
+
+
+def silu_and_mul_rows(gate_up: np.ndarray) -> np.ndarray:
+    out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), np.float32)
+    _silu_and_mul(gate_up, out)
+    return out
+
+
 def warm_up() -> None:
     """Run every loop once on forward-typed arrays (compiled or loaded before the engine is ready)."""
     x = torch.ones(1, 2, 4)
     rms_norm(x[0], torch.ones(4), 1e-5)
     rotary(x, torch.ones(1, 1, 4), torch.zeros(1, 1, 4))
     silu_and_mul(x[0])
+    rows = x[0].numpy()
+    add_rms_norm_rows(rows, rows, np.ones(4, np.float32), np.float64(1e-5))

@@ -142,6 +142,7 @@ class TokenToKVPool:
         self.k_buffer[:, 0].zero_()
         self.v_buffer[:, 0].zero_()
         self.compiled_copy = dtype == torch.float32 and self.device.type == "cpu"
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None  # numpy views, made on first use
         if self.compiled_copy:  # compiles or loads the loop now, with a forward's array types
             zeros = torch.zeros(1, num_kv_heads, head_dim)
             self.set_kv(0, torch.zeros(1, dtype=torch.int64), zeros, zeros)
@@ -161,6 +162,19 @@ class TokenToKVPool:
             return
         self.k_buffer[layer].index_copy_(0, locs, k.to(self.dtype))
         self.v_buffer[layer].index_copy_(0, locs, v.to(self.dtype))
+
+    def set_kv_arrays(self, layer: int, locs: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        """``set_kv`` of a float32 CPU pool from numpy arrays (C-ordered k, v [T, kv_heads, dim],
+        int64 ``locs``): the numpy forward of quantized models (``models.row_forward``)."""
+        k_pool, v_pool = self.layer_arrays(layer)
+        _copy_kv(k_pool, v_pool, locs, k, v)
+
+    def layer_arrays(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Layer ``layer``'s K and V buffers as numpy views (float32 CPU pool)."""
+        assert self.compiled_copy, "numpy views of a float32 CPU pool only"
+        if self._arrays is None:
+            self._arrays = (self.k_buffer.numpy(), self.v_buffer.numpy())
+        return self._arrays[0][layer], self._arrays[1][layer]
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

@@ -28,6 +28,7 @@ from ..layers.layernorm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
 from .moe import SparseMoeBlock
+from .row_forward import RowForward
 
 if TYPE_CHECKING:
     from ..layers.attention import TorchAttention
@@ -153,6 +154,7 @@ class LlamaForCausalLM(nn.Module):
         self.rotary: RotaryEmbedding | None = None  # built by the loader, in the model's dtype
         self.rotary_local: RotaryEmbedding | None = None  # Gemma 3's sliding layers, when they differ
         self._local = [cfg.local_rope is not None and cfg.window(i) is not None for i in range(cfg.num_layers)]
+        self.row_forward: RowForward | None = None  # quantized models on the CPU: see use_row_kernels
 
     def forward(self, batch: ForwardBatch, attn: TorchAttention) -> torch.Tensor:
         """Final-normed hidden states [T, hidden] of the flat tokens of ``batch``."""
@@ -164,29 +166,34 @@ class LlamaForCausalLM(nn.Module):
         rows = (batch.seq_lens_cpu, batch.extend_seq_lens_cpu)  # LongRoPE picks its table per row
         cos, sin = self.rotary.cos_sin(batch.positions, *rows)
         local = self.rotary_local.cos_sin(batch.positions, *rows) if self.rotary_local is not None else None
-        for i, layer in enumerate(self.layers):
-            if local is not None and self._local[i]:
-                hidden = layer.forward(hidden, local[0], local[1], self.rotary_local, attn, batch)
-            else:
-                hidden = layer.forward(hidden, cos, sin, self.rotary, attn, batch)
+        tables = [(local[0], local[1], self.rotary_local) if local is not None and local_layer else (cos, sin, self.rotary)
+                  for local_layer in self._local]  # fmt: skip
+        if self.row_forward is not None and hidden.dtype == torch.float32 and hidden.device.type == "cpu":
+            hidden = self.row_forward.forward(batch, attn, hidden, tables)
+        else:
+            for layer, (layer_cos, layer_sin, rotary) in zip(self.layers, tables):
+                hidden = layer.forward(hidden, layer_cos, layer_sin, rotary, attn, batch)
+            hidden = self.norm.forward(hidden)
         if batch.capture_routed_experts:
             blocks = [layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoeBlock)]
             if blocks:
                 ids = torch.stack([b.last_ids for b in blocks], dim=1)  # type: ignore[misc]
                 weights = torch.stack([b.last_weights for b in blocks], dim=1)  # type: ignore[misc]
                 batch.routed_experts = (ids, weights)
-        return self.norm.forward(hidden)
+        return hidden
 
     def use_row_kernels(self) -> None:
         """Run the norms, the rotary and the SwiGLU activation as ``row_ops``' compiled loops
         (quantized models: their 8-bit activation blocks need every row's bits fixed whatever
-        the batch, and a decode step is mostly the dispatch of these small operations)."""
+        the batch, and a decode step is mostly the dispatch of these small operations), and the
+        decoder layers on numpy arrays between those loops (``models.row_forward``)."""
         for module in self.modules():
             if hasattr(module, "row_kernel"):
                 module.row_kernel = True
         for rotary in (self.rotary, self.rotary_local):
             if rotary is not None:
                 rotary.row_kernel = True
+        self.row_forward = RowForward(self)
 
     def first_layers(self, num_layers: int) -> LlamaForCausalLM:
         """A model made of this one's first ``num_layers`` decoder layers, its final norm and its
@@ -211,4 +218,6 @@ class LlamaForCausalLM(nn.Module):
         draft.rotary = self.rotary
         draft.rotary_local = self.rotary_local
         draft._local = self._local[:num_layers]
+        if self.row_forward is not None:
+            draft.row_forward = RowForward(draft)
         return draft.eval()
