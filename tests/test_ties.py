@@ -29,6 +29,9 @@ def test_greedy_takes_the_lowest_id_at_the_maximum():
     # A masked lowest id never wins; -inf everywhere but one token is that token.
     masked = torch.tensor([[float("-inf"), 2.0, 2.0, float("-inf")]])
     assert greedy_tokens(masked).tolist() == [1]
+    # A row holding a NaN (a broken forward) takes the last id, never an id that looks chosen.
+    broken = torch.tensor([[0.0, float("nan"), 5.0, 1.0], [float("nan")] * 4, [1.0, 9.0, float("nan"), 2.0]])
+    assert greedy_tokens(broken).tolist() == [3, 3, 3]
 
 
 def _reference_order(row: list[float]) -> list[int]:

@@ -23,10 +23,9 @@ import torch
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """[B] int64: per row of ``logits`` [B, V], the lowest token id at the row's maximum."""
-    top = logits.amax(dim=-1, keepdim=True)
-    ids = torch.arange(logits.shape[-1], device=logits.device).expand_as(logits)
-    at_top = torch.where(logits == top, ids, logits.shape[-1])
-    return at_top.amin(dim=-1).clamp_(max=logits.shape[-1] - 1)  # a NaN row: the last id
+    ids = logits.argmax(dim=-1)  # torch documents the first index among equal maxima
+    nan = torch.isnan(logits.gather(1, ids.unsqueeze(1))).squeeze(1)  # argmax points at a NaN
+    return torch.where(nan, torch.full_like(ids, logits.shape[-1] - 1), ids)  # a NaN row: the last id
 
 
 def descending(values: torch.Tensor, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
