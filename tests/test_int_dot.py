@@ -118,9 +118,11 @@ def test_a_row_gets_the_same_bits_in_any_batch():
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
-def test_four_row_groups_give_each_row_its_bits_alone(type_name):
-    """``ggml_quants``' loops take activation rows four at a time (``*_four_rows``): rows 0-3 of a
-    batch of 6 are grouped, 4-5 not; every row must equal its product alone, bit for bit."""
+@pytest.mark.parametrize("batch", [2, 3, 4, 5, 6, 7, 11])
+def test_row_groups_give_each_row_its_bits_alone(type_name, batch):
+    """``ggml_quants``' loops take activation rows up to four at a time (``*_two_rows``,
+    ``*_three_rows``, ``*_four_rows``, a last row alone): every row of a batch of any size must
+    equal its product alone, bit for bit."""
     gguf = pytest.importorskip("gguf")
     import torch
 
@@ -137,9 +139,9 @@ def test_four_row_groups_give_each_row_its_bits_alone(type_name):
     else:
         raw = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), gguf.GGMLQuantizationType[type_name])
     weight = gq.QuantizedWeight.from_gguf(type_name, raw, (n, k))
-    x = torch.from_numpy(rng.standard_normal((6, k)).astype(np.float32))
+    x = torch.from_numpy(rng.standard_normal((batch, k)).astype(np.float32))
     together = weight.matmul(x).numpy()
-    for r in range(6):
+    for r in range(batch):
         np.testing.assert_array_equal(weight.matmul(x[r : r + 1]).numpy()[0], together[r], err_msg=f"{type_name} row {r}")
 
 

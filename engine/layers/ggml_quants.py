@@ -45,7 +45,8 @@ from numba import njit, prange
 
 from .cpu_threads import run_rows, threads
 from .fp16_round import round_half
-from .int_dot import code16_four_rows, code16_row_dot, code_four_rows, code_row_dot, float_dot, nibble_four_rows, nibble_row_dot
+from . import int_dot as dots
+from .int_dot import code16_row_dot, code_row_dot, float_dot, nibble_row_dot
 
 if TYPE_CHECKING:
     from .panel_linear import PanelWeight
@@ -169,22 +170,72 @@ def _plus_minimums(acc, wm, xs, n, r):  # pragma: no cover - compiled
     return acc + float_dot(wm[n].ctypes.data, xs[r].ctypes.data, wm.shape[1])
 
 
+# The most activation rows one weight row meets at once (``int_dot``'s groups of 2 to 4): groups
+# of five and six rows, tried, spilled accumulators on AVX2's sixteen registers, and a batch of 8
+# measured no faster as 6 + 2 than as 4 + 4.
+GROUP = 4
+
+
+@njit(boundscheck=False, inline="always")
+def _nibble_group(left, w, x, x_step, s, xd, xd_step, blocks, group, off):  # pragma: no cover - compiled
+    """Up to ``GROUP`` of the ``left`` activation rows at ``x`` times one nibble row, results in
+    ``group``; returns how many rows it took."""
+    g = group.ctypes.data
+    if left >= 4:
+        dots.nibble_four_rows(w, x, x_step, s, xd, xd_step, blocks, g, off)
+        return 4
+    if left == 3:
+        dots.nibble_three_rows(w, x, x_step, s, xd, xd_step, blocks, g, off)
+    elif left == 2:
+        dots.nibble_two_rows(w, x, x_step, s, xd, xd_step, blocks, g, off)
+    else:
+        group[0] = nibble_row_dot(w, x, s, xd, blocks, off)
+    return left
+
+
+@njit(boundscheck=False, inline="always")
+def _code_group(left, halves, w, x, x_step, s, xd, xd_step, blocks, group):  # pragma: no cover - compiled
+    """``_nibble_group`` for int8 codes (``halves``: a scale per 16 codes)."""
+    g = group.ctypes.data
+    if halves:
+        if left >= 4:
+            dots.code16_four_rows(w, x, x_step, s, xd, xd_step, blocks, g)
+            return 4
+        if left == 3:
+            dots.code16_three_rows(w, x, x_step, s, xd, xd_step, blocks, g)
+        elif left == 2:
+            dots.code16_two_rows(w, x, x_step, s, xd, xd_step, blocks, g)
+        else:
+            group[0] = code16_row_dot(w, x, s, xd, blocks)
+        return left
+    if left >= 4:
+        dots.code_four_rows(w, x, x_step, s, xd, xd_step, blocks, g)
+        return 4
+    if left == 3:
+        dots.code_three_rows(w, x, x_step, s, xd, xd_step, blocks, g)
+    elif left == 2:
+        dots.code_two_rows(w, x, x_step, s, xd, xd_step, blocks, g)
+    else:
+        group[0] = code_row_dot(w, x, s, xd, blocks)
+    return left
+
+
 @njit(nogil=True, cache=True, boundscheck=False)
 def _mm_nibbles(n0, n1, off, qs, wd, wm, x16, xd, xs, out):  # pragma: no cover - compiled
     """Output rows [n0, n1) of Q4_0 (``off`` 8, ``wm`` zero) and Q4_1 (``off`` 0); ``qs`` [N, K/2]
     bytes, ``x16`` the activation's Q8 codes as int16 [M, K], ``xd`` their scales [M, K/32]: exact
-    integer block sums (``int_dot``), activation rows four at a time, then the minimum terms."""
+    integer block sums (``int_dot``), activation rows up to four at a time, then the minimum terms."""
     m_rows = x16.shape[0]
     blocks = wd.shape[1]
-    four = np.empty(4, np.float32)
+    group = np.empty(GROUP, np.float32)
     for n in range(n0, n1):
         w, s = qs[n].ctypes.data, wd[n].ctypes.data
-        for r in range(0, m_rows - m_rows % 4, 4):
-            nibble_four_rows(w, x16[r].ctypes.data, x16.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, four.ctypes.data, off)
-            for i in range(4):
-                out[r + i, n] = _plus_minimums(four[i], wm, xs, n, r + i)
-        for r in range(m_rows - m_rows % 4, m_rows):
-            out[r, n] = _plus_minimums(nibble_row_dot(w, x16[r].ctypes.data, s, xd[r].ctypes.data, blocks, off), wm, xs, n, r)
+        r = 0
+        while r < m_rows:
+            size = _nibble_group(m_rows - r, w, x16[r].ctypes.data, x16.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, group, off)
+            for i in range(size):
+                out[r + i, n] = _plus_minimums(group[i], wm, xs, n, r + i)
+            r += size
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
@@ -192,27 +243,19 @@ def _mm_int8(n0, n1, q, scale, mins, x16, xd, xsum, out):  # pragma: no cover - 
     """Output rows [n0, n1) of int8 codes [N, K] with a scale per 32-element sub-block (Q8_0, and
     Q4_K / Q5_K, whose sub-block minimums times the activation's sub-block sums ``xsum`` are
     subtracted) or per 16 (Q6_K: ``scale`` [N, K/16]); ``xd``: the activation's scale per
-    sub-block, the weight's layout. Activation rows four at a time, as ``_mm_nibbles``."""
+    sub-block, the weight's layout. Activation rows up to four at a time, as ``_mm_nibbles``."""
     m_rows = x16.shape[0]
     halves = scale.shape[1] * 32 == q.shape[1] * 2
     blocks = q.shape[1] // 32
-    four = np.empty(4, np.float32)
+    group = np.empty(GROUP, np.float32)
     for n in range(n0, n1):
         w, s = q[n].ctypes.data, scale[n].ctypes.data
-        grouped = m_rows - m_rows % 4
-        for r in range(0, grouped, 4):
-            if halves:
-                code16_four_rows(w, x16[r].ctypes.data, x16.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, four.ctypes.data)
-            else:
-                code_four_rows(w, x16[r].ctypes.data, x16.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, four.ctypes.data)
-            for i in range(4):
-                out[r + i, n] = _minus_minimums(four[i], mins, xsum, n, r + i)
-        for r in range(grouped, m_rows):
-            if halves:
-                acc = code16_row_dot(w, x16[r].ctypes.data, s, xd[r].ctypes.data, blocks)
-            else:
-                acc = code_row_dot(w, x16[r].ctypes.data, s, xd[r].ctypes.data, blocks)
-            out[r, n] = _minus_minimums(acc, mins, xsum, n, r)
+        r = 0
+        while r < m_rows:
+            size = _code_group(m_rows - r, halves, w, x16[r].ctypes.data, x16.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, group)
+            for i in range(size):
+                out[r + i, n] = _minus_minimums(group[i], mins, xsum, n, r + i)
+            r += size
 
 
 @njit(boundscheck=False, inline="always")

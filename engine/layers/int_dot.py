@@ -20,9 +20,9 @@ follows. Nothing in it names a CPU feature: any LLVM target compiles it.
 block) are addresses of one row (``arr[n].ctypes.data``). The result is
 sum_b (wd[b] * xd[b]) * sum_j w_bj * x_bj, accumulated in eight float lanes by two accumulators
 (even and odd blocks: two independent chains) and summed in a fixed pairwise order, with no
-fast-math flag. ``*_four_rows(w, x, x_step, wd, xd, xd_step, blocks, out[, off])`` multiply one
-weight row by four activation rows (``x + i * x_step`` bytes...), loading and unpacking each
-weight block once, and store the four results at ``out``: each row runs the very operations it
+fast-math flag. ``*_two_rows``, ``*_three_rows``, ``*_four_rows(w, x, x_step, wd, xd, xd_step, blocks, out[, off])``
+multiply one weight row by that many activation rows (``x + i * x_step`` bytes...), loading and
+unpacking each weight block once, and store the results at ``out``: each row runs the very operations it
 runs alone, so its bits depend only on its own codes and scales, never on a batch or a thread
 (the contract of ``cpu_threads``).
 """
@@ -127,12 +127,12 @@ def _one_row(builder: ir.IRBuilder, args: list[ir.Value], nibbles: bool = False,
     return _rows_dot(builder, w, [(x, xd)], wd, blocks, off, halves)[0]
 
 
-def _four_rows(builder: ir.IRBuilder, args: list[ir.Value], nibbles: bool = False, halves: bool = False) -> ir.Value:
-    """Rows at x + i * x_step and xd + i * xd_step (bytes), i < 4; results stored at ``out``."""
+def _group_rows(builder: ir.IRBuilder, args: list[ir.Value], count: int, nibbles: bool = False, halves: bool = False) -> ir.Value:
+    """Rows at x + i * x_step and xd + i * xd_step (bytes), i < ``count``; results stored at ``out``."""
     w, x, x_step, wd, xd, xd_step, blocks, out = args[:8]
     off = _splat(builder, builder.trunc(args[8], _I16), _V16I16) if nibbles else None
     rows = []
-    for i in range(4):
+    for i in range(count):
         index = ir.Constant(x_step.type, i)
         rows.append((builder.add(x, builder.mul(x_step, index)), builder.add(xd, builder.mul(xd_step, index))))
     results = _rows_dot(builder, w, rows, wd, blocks, off, halves)
@@ -188,19 +188,30 @@ def code16_row_dot(typingctx, w, x, wd, xd, blocks):  # type: ignore[no-untyped-
     return types.float32(*_ONE), lambda context, builder, sig, args: _one_row(builder, args, halves=True)
 
 
-@intrinsic
-def nibble_four_rows(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out, off):  # type: ignore[no-untyped-def]
-    return types.int64(*_FOUR, types.intp), lambda context, builder, sig, args: _four_rows(builder, args, nibbles=True)
+def _group_intrinsic(count: int, nibbles: bool = False, halves: bool = False):  # type: ignore[no-untyped-def]
+    """The intrinsic multiplying one weight row by ``count`` activation rows (``_group_rows``)."""
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return _group_rows(builder, args, count, nibbles, halves)
+
+    if nibbles:
+
+        def typer(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out, off):  # type: ignore[no-untyped-def]
+            return types.int64(*_FOUR, types.intp), codegen
+
+    else:
+
+        def typer(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out):  # type: ignore[no-untyped-def]
+            return types.int64(*_FOUR), codegen
+
+    return intrinsic(typer)
 
 
-@intrinsic
-def code_four_rows(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out):  # type: ignore[no-untyped-def]
-    return types.int64(*_FOUR), lambda context, builder, sig, args: _four_rows(builder, args)
-
-
-@intrinsic
-def code16_four_rows(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out):  # type: ignore[no-untyped-def]
-    return types.int64(*_FOUR), lambda context, builder, sig, args: _four_rows(builder, args, halves=True)
+# One weight row times 2, 3 or 4 activation rows (more rows spill the accumulators: two 8-lane
+# registers a row, beside the unpacked weight block, in AVX2's sixteen).
+nibble_two_rows, nibble_three_rows, nibble_four_rows = (_group_intrinsic(n, nibbles=True) for n in range(2, 5))
+code_two_rows, code_three_rows, code_four_rows = (_group_intrinsic(n) for n in range(2, 5))
+code16_two_rows, code16_three_rows, code16_four_rows = (_group_intrinsic(n, halves=True) for n in range(2, 5))
 
 
 @intrinsic
