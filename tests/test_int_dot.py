@@ -120,8 +120,8 @@ def test_a_row_gets_the_same_bits_in_any_batch():
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("batch", [2, 3, 4, 5, 6, 7, 11])
 def test_row_groups_give_each_row_its_bits_alone(type_name, batch):
-    """``ggml_quants``' loops take activation rows up to four at a time (``*_two_rows``,
-    ``*_three_rows``, ``*_four_rows``, a last row alone): every row of a batch of any size must
+    """``ggml_quants``' loops take activation rows in groups of up to ``int_dot.MAX_GROUP``
+    (``*_rows``; a last row alone through ``*_row_dot``): every row of a batch of any size must
     equal its product alone, bit for bit."""
     gguf = pytest.importorskip("gguf")
     import torch

@@ -45,8 +45,7 @@ from numba import njit, prange
 
 from .cpu_threads import run_rows, threads
 from .fp16_round import round_half
-from . import int_dot as dots
-from .int_dot import code16_row_dot, code_row_dot, float_dot, nibble_row_dot
+from .int_dot import MAX_GROUP, code16_row_dot, code16_rows, code_row_dot, code_rows, float_dot, nibble_row_dot, nibble_rows
 
 if TYPE_CHECKING:
     from .panel_linear import PanelWeight
@@ -170,56 +169,6 @@ def _plus_minimums(acc, wm, xs, n, r):  # pragma: no cover - compiled
     return acc + float_dot(wm[n].ctypes.data, xs[r].ctypes.data, wm.shape[1])
 
 
-# The most activation rows one weight row meets at once (``int_dot``'s groups of 2 to 4): groups
-# of five and six rows, tried, spilled accumulators on AVX2's sixteen registers, and a batch of 8
-# measured no faster as 6 + 2 than as 4 + 4.
-GROUP = 4
-
-
-@njit(boundscheck=False, inline="always")
-def _nibble_group(left, w, x, x_step, s, xd, xd_step, blocks, group, off):  # pragma: no cover - compiled
-    """Up to ``GROUP`` of the ``left`` activation rows at ``x`` times one nibble row, results in
-    ``group``; returns how many rows it took."""
-    g = group.ctypes.data
-    if left >= 4:
-        dots.nibble_four_rows(w, x, x_step, s, xd, xd_step, blocks, g, off)
-        return 4
-    if left == 3:
-        dots.nibble_three_rows(w, x, x_step, s, xd, xd_step, blocks, g, off)
-    elif left == 2:
-        dots.nibble_two_rows(w, x, x_step, s, xd, xd_step, blocks, g, off)
-    else:
-        group[0] = nibble_row_dot(w, x, s, xd, blocks, off)
-    return left
-
-
-@njit(boundscheck=False, inline="always")
-def _code_group(left, halves, w, x, x_step, s, xd, xd_step, blocks, group):  # pragma: no cover - compiled
-    """``_nibble_group`` for int8 codes (``halves``: a scale per 16 codes)."""
-    g = group.ctypes.data
-    if halves:
-        if left >= 4:
-            dots.code16_four_rows(w, x, x_step, s, xd, xd_step, blocks, g)
-            return 4
-        if left == 3:
-            dots.code16_three_rows(w, x, x_step, s, xd, xd_step, blocks, g)
-        elif left == 2:
-            dots.code16_two_rows(w, x, x_step, s, xd, xd_step, blocks, g)
-        else:
-            group[0] = code16_row_dot(w, x, s, xd, blocks)
-        return left
-    if left >= 4:
-        dots.code_four_rows(w, x, x_step, s, xd, xd_step, blocks, g)
-        return 4
-    if left == 3:
-        dots.code_three_rows(w, x, x_step, s, xd, xd_step, blocks, g)
-    elif left == 2:
-        dots.code_two_rows(w, x, x_step, s, xd, xd_step, blocks, g)
-    else:
-        group[0] = code_row_dot(w, x, s, xd, blocks)
-    return left
-
-
 @njit(nogil=True, cache=True, boundscheck=False)
 def _mm_nibbles(n0, n1, off, qs, wd, wm, x16, xd, xs, out):  # pragma: no cover - compiled
     """Output rows [n0, n1) of Q4_0 (``off`` 8, ``wm`` zero) and Q4_1 (``off`` 0); ``qs`` [N, K/2]
@@ -227,12 +176,16 @@ def _mm_nibbles(n0, n1, off, qs, wd, wm, x16, xd, xs, out):  # pragma: no cover 
     integer block sums (``int_dot``), activation rows up to four at a time, then the minimum terms."""
     m_rows = x16.shape[0]
     blocks = wd.shape[1]
-    group = np.empty(GROUP, np.float32)
+    group = np.empty(MAX_GROUP, np.float32)
     for n in range(n0, n1):
         w, s = qs[n].ctypes.data, wd[n].ctypes.data
         r = 0
         while r < m_rows:
-            size = _nibble_group(m_rows - r, w, x16[r].ctypes.data, x16.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, group, off)
+            size = min(m_rows - r, MAX_GROUP)
+            if size == 1:
+                group[0] = nibble_row_dot(w, x16[r].ctypes.data, s, xd[r].ctypes.data, blocks, off)
+            else:
+                nibble_rows(w, x16[r].ctypes.data, x16.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, group.ctypes.data, size, off)
             for i in range(size):
                 out[r + i, n] = _plus_minimums(group[i], wm, xs, n, r + i)
             r += size
@@ -247,12 +200,19 @@ def _mm_int8(n0, n1, q, scale, mins, x16, xd, xsum, out):  # pragma: no cover - 
     m_rows = x16.shape[0]
     halves = scale.shape[1] * 32 == q.shape[1] * 2
     blocks = q.shape[1] // 32
-    group = np.empty(GROUP, np.float32)
+    group = np.empty(MAX_GROUP, np.float32)
     for n in range(n0, n1):
         w, s = q[n].ctypes.data, scale[n].ctypes.data
         r = 0
         while r < m_rows:
-            size = _code_group(m_rows - r, halves, w, x16[r].ctypes.data, x16.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, group)
+            size = min(m_rows - r, MAX_GROUP)
+            x, x_scale, g = x16[r].ctypes.data, xd[r].ctypes.data, group.ctypes.data
+            if size == 1:
+                group[0] = code16_row_dot(w, x, s, x_scale, blocks) if halves else code_row_dot(w, x, s, x_scale, blocks)
+            elif halves:
+                code16_rows(w, x, x16.strides[0], s, x_scale, xd.strides[0], blocks, g, size)
+            else:
+                code_rows(w, x, x16.strides[0], s, x_scale, xd.strides[0], blocks, g, size)
             for i in range(size):
                 out[r + i, n] = _minus_minimums(group[i], mins, xsum, n, r + i)
             r += size

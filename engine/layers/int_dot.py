@@ -20,9 +20,9 @@ follows. Nothing in it names a CPU feature: any LLVM target compiles it.
 block) are addresses of one row (``arr[n].ctypes.data``). The result is
 sum_b (wd[b] * xd[b]) * sum_j w_bj * x_bj, accumulated in eight float lanes by two accumulators
 (even and odd blocks: two independent chains) and summed in a fixed pairwise order, with no
-fast-math flag. ``*_two_rows``, ``*_three_rows``, ``*_four_rows(w, x, x_step, wd, xd, xd_step, blocks, out[, off])``
-multiply one weight row by that many activation rows (``x + i * x_step`` bytes...), loading and
-unpacking each weight block once, and store the results at ``out``: each row runs the very operations it
+fast-math flag. ``*_rows(w, x, x_step, wd, xd, xd_step, blocks, out, count[, off])`` multiply one
+weight row by ``count`` activation rows, 2 to ``MAX_GROUP`` (``x + i * x_step`` bytes...),
+loading and unpacking each weight block once, and store the results at ``out``: each row runs the very operations it
 runs alone, so its bits depend only on its own codes and scales, never on a batch or a thread
 (the contract of ``cpu_threads``).
 """
@@ -188,30 +188,41 @@ def code16_row_dot(typingctx, w, x, wd, xd, blocks):  # type: ignore[no-untyped-
     return types.float32(*_ONE), lambda context, builder, sig, args: _one_row(builder, args, halves=True)
 
 
-def _group_intrinsic(count: int, nibbles: bool = False, halves: bool = False):  # type: ignore[no-untyped-def]
-    """The intrinsic multiplying one weight row by ``count`` activation rows (``_group_rows``)."""
-
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        return _group_rows(builder, args, count, nibbles, halves)
-
-    if nibbles:
-
-        def typer(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out, off):  # type: ignore[no-untyped-def]
-            return types.int64(*_FOUR, types.intp), codegen
-
-    else:
-
-        def typer(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out):  # type: ignore[no-untyped-def]
-            return types.int64(*_FOUR), codegen
-
-    return intrinsic(typer)
+# Groups of 2 to 4 rows (more rows spill the accumulators, two 8-lane registers a row beside the
+# unpacked weight block, out of AVX2's sixteen: groups of five and six measured no faster).
+MAX_GROUP = 4
 
 
-# One weight row times 2, 3 or 4 activation rows (more rows spill the accumulators: two 8-lane
-# registers a row, beside the unpacked weight block, in AVX2's sixteen).
-nibble_two_rows, nibble_three_rows, nibble_four_rows = (_group_intrinsic(n, nibbles=True) for n in range(2, 5))
-code_two_rows, code_three_rows, code_four_rows = (_group_intrinsic(n) for n in range(2, 5))
-code16_two_rows, code16_three_rows, code16_four_rows = (_group_intrinsic(n, halves=True) for n in range(2, 5))
+def _switch_rows(builder: ir.IRBuilder, args: list[ir.Value], nibbles: bool, halves: bool) -> ir.Value:
+    """``_group_rows`` of ``count`` (args[8]) rows, 2 <= count <= MAX_GROUP, each count compiled
+    as its own branch (the row count sizes the registers); another count does nothing."""
+    count = args[8]
+    rest = args[:8] + args[9:]  # the nibble offset, where there is one, follows the count
+    done = builder.function.append_basic_block("rows.done")
+    switch = builder.switch(count, done)
+    for n in range(2, MAX_GROUP + 1):
+        branch = builder.function.append_basic_block(f"rows.{n}")
+        switch.add_case(ir.Constant(count.type, n), branch)
+        builder.position_at_end(branch)
+        _group_rows(builder, rest, n, nibbles, halves)
+        builder.branch(done)
+    builder.position_at_end(done)
+    return ir.Constant(ir.IntType(64), 0)
+
+
+@intrinsic
+def nibble_rows(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out, count, off):  # type: ignore[no-untyped-def]
+    return types.int64(*_FOUR, types.intp, types.intp), lambda context, builder, sig, args: _switch_rows(builder, args, True, False)
+
+
+@intrinsic
+def code_rows(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out, count):  # type: ignore[no-untyped-def]
+    return types.int64(*_FOUR, types.intp), lambda context, builder, sig, args: _switch_rows(builder, args, False, False)
+
+
+@intrinsic
+def code16_rows(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out, count):  # type: ignore[no-untyped-def]
+    return types.int64(*_FOUR, types.intp), lambda context, builder, sig, args: _switch_rows(builder, args, False, True)
 
 
 @intrinsic
