@@ -2,7 +2,7 @@
 
     python bench/kernel_bench.py [--threads N] [--density 0.5] [--quick]
 
-Table 1: ``kernels.apply_token_bitmask_inplace`` on CPU logits [B, V] for B in 1, 8, 64, 256 and
+Table 1: ``formcast_kernels.apply_token_bitmask_inplace`` on CPU logits [B, V] for B in 1, 8, 64, 256 and
 V in 49152, 151936, next to XGrammar's CPU ``apply_token_bitmask_inplace`` and a naive torch
 mask (unpack bits, boolean-index assignment); times in microseconds (best of repeats) and ratios
 formcast / other (< 1 means formcast is faster).
@@ -25,7 +25,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from engine.sampling import Sampler, SamplingBatchInfo  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from kernels import apply_token_bitmask_inplace  # noqa: E402
+from formcast_kernels import apply_token_bitmask_inplace  # noqa: E402
 
 BATCHES = [1, 8, 64, 256]
 VOCABS = [49152, 151936]
@@ -137,7 +137,7 @@ def bench_gpu_apply(density: float) -> None:
     from xgrammar.kernels.apply_token_bitmask_inplace_triton import apply_token_bitmask_inplace_triton as xg_triton
 
     print(f"\n## Bitmask apply, CUDA ({torch.cuda.get_device_name()}), mask density {density} (us per call)\n")
-    from kernels.bitmask_triton import apply_token_bitmask_inplace_triton
+    from formcast_kernels.bitmask_triton import apply_token_bitmask_inplace_triton
 
     print("| batch | vocab | dtype | formcast triton | xgrammar triton | ratio | masked stores | whole tiles |")
     print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")

@@ -10,7 +10,7 @@ Data flow::
                                 retraction; ScheduleBatch -> ForwardBatch (tensors only)
       model_executor/           ModelRunner.forward: models/ + layers/ over the paged KV (mem_cache/)
       (meanwhile, a worker thread: each constrained row's matcher fills its bitmask row)
-      sampling/                 Sampler: bitmask (kernels.apply_token_bitmask_inplace), penalties,
+      sampling/                 Sampler: bitmask (formcast_kernels.apply_token_bitmask_inplace), penalties,
                                 temperature / top-k / top-p / min-p, seeds, logprobs
       managers/output_processor matcher.accept_token, finish reasons, jump-forward
       managers/detokenizer.py   incremental text deltas -> the caller (sync or asyncio)

@@ -1,4 +1,4 @@
-"""``kernels.paged_decode_attention``: the Triton kernel (run by Triton's interpreter on the CPU,
+"""``formcast_kernels.paged_decode_attention``: the Triton kernel (run by Triton's interpreter on the CPU,
 in a subprocess since the flag is read at import) against the torch reference, on scattered
 slots, rows of different lengths (1 to 100), group sizes 1 to 7 and head dims 16 to 96 (also
 not powers of two); on a GPU, the compiled kernel against the reference."""
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import PagedRows, paged_decode_attention
-from kernels.decode_attention import paged_decode_attention_reference
+from formcast_kernels import PagedRows, paged_decode_attention
+from formcast_kernels.decode_attention import paged_decode_attention_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [[9, 3, 64, [1, 37, 100]], [4, 4, 16, [5, 64]], [14, 2, 32, [33]], [6, 3, 48, [2, 17, 70]], [7, 1, 96, [40, 1]]]
@@ -37,9 +37,9 @@ _SCRIPT = """
 import json, os, sys
 sys.path.insert(0, os.environ["FORMCAST_ROOT"]); sys.path.insert(0, os.environ["FORMCAST_ROOT"] + "/tests")
 import torch
-from kernels import PagedRows
-from kernels.decode_attention_triton import paged_decode_attention_triton
-from kernels.decode_attention import paged_decode_attention_reference
+from formcast_kernels import PagedRows
+from formcast_kernels.decode_attention_triton import paged_decode_attention_triton
+from formcast_kernels.decode_attention import paged_decode_attention_reference
 from test_decode_attention_kernel import make_case
 ok = []
 for i, (heads, kv_heads, dim, lens) in enumerate(json.loads(sys.argv[1])):
@@ -109,7 +109,7 @@ def test_triton_kernel_on_gpu(dtype) -> None:
         paged_decode_attention_reference(q.float(), k.float(), v.float(), PagedRows(idx, start, n), ref, dim**-0.5)
         for split in (None, 32):
             got = torch.empty_like(q)
-            from kernels.decode_attention_triton import paged_decode_attention_triton
+            from formcast_kernels.decode_attention_triton import paged_decode_attention_triton
 
             paged_decode_attention_triton(q, k, v, PagedRows(idx, start, n), got, dim**-0.5, split_size=split)  # dot on bf16
             assert torch.allclose(got.float(), ref, atol=1e-5 if dtype == torch.float32 else 3e-2)

@@ -1,4 +1,4 @@
-"""``kernels.fused_moe``: the Triton grouped GEMM (run by Triton's interpreter on the CPU, in a
+"""``formcast_kernels.fused_moe``: the Triton grouped GEMM (run by Triton's interpreter on the CPU, in a
 subprocess since the flag is read at import) against the torch reference, on tiny shapes that are
 not multiples of the tiles, SiLU and GELU-tanh, an expert with more tokens than one block, experts
 nobody chose, and a single token; the grouping of pairs by expert on its own; the reference
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.fused_moe import fused_moe, fused_moe_reference
+from formcast_kernels.fused_moe import fused_moe, fused_moe_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 # tokens, hidden, intermediate, experts, top_k, activation, all tokens on expert 0
@@ -41,8 +41,8 @@ _SCRIPT = """
 import json, os, sys
 sys.path.insert(0, os.environ["FORMCAST_ROOT"]); sys.path.insert(0, os.environ["FORMCAST_ROOT"] + "/tests")
 import torch
-from kernels.fused_moe_triton import fused_moe_triton
-from kernels.fused_moe import fused_moe_reference
+from formcast_kernels.fused_moe_triton import fused_moe_triton
+from formcast_kernels.fused_moe import fused_moe_reference
 from test_fused_moe_kernel import make_case
 errs = []
 for i, (t, h, n, e, k, act, one) in enumerate(json.loads(sys.argv[1])):
@@ -65,7 +65,7 @@ def test_triton_kernel_matches_reference_under_interpreter() -> None:
 
 def test_pairs_are_grouped_by_expert_in_whole_blocks() -> None:
     pytest.importorskip("triton")
-    from kernels.fused_moe_triton import group_pairs
+    from formcast_kernels.fused_moe_triton import group_pairs
 
     for i, (t, _, _, e, k, _, one) in enumerate(CASES):
         ids = make_case(t, 8, 8, e, k, one, seed=i)[3]
@@ -98,7 +98,7 @@ def test_reference_matches_the_engine_moe_block() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernel_on_gpu(dtype) -> None:
-    from kernels.fused_moe_triton import fused_moe_triton
+    from formcast_kernels.fused_moe_triton import fused_moe_triton
 
     for i, (t, h, n, e, k, act, one) in enumerate(CASES + [[300, 256, 512, 16, 4, "silu", False]]):
         x, gu, d, ids, w = make_case(t, h, n, e, k, one, seed=i, device="cuda", dtype=dtype)

@@ -17,7 +17,7 @@ import pytest
 from grammar.rule_graph import strongly_connected_components
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("engine", "grammar", "kernels")
+PACKAGES = ("engine", "grammar", "formcast_kernels")
 
 
 def _modules() -> dict[str, Path]:
@@ -70,7 +70,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str,
 
 
 def _node(module: str) -> str:
-    """engine: one node per subpackage (or top-level module); grammar and kernels: per module."""
+    """engine: one node per subpackage (or top-level module); grammar and formcast_kernels: per module."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[0] == "engine" else module
 

@@ -1,4 +1,4 @@
-"""kernels.apply_token_bitmask_inplace: torch paths and the Triton kernel against the reference.
+"""formcast_kernels.apply_token_bitmask_inplace: torch paths and the Triton kernel against the reference.
 
 The Triton kernel runs on the CPU under ``TRITON_INTERPRET=1`` in a subprocess (the flag is read
 when ``@triton.jit`` decorates, so it must be set before the kernel module is imported, and other
@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from grammar.bitmask import bitmask_width, pack_bool_mask
-from kernels import apply_token_bitmask_inplace
-from kernels.bitmask_torch import apply_token_bitmask_inplace_reference, apply_token_bitmask_inplace_torch
+from formcast_kernels import apply_token_bitmask_inplace
+from formcast_kernels.bitmask_torch import apply_token_bitmask_inplace_reference, apply_token_bitmask_inplace_torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VOCABS = [49152, 151936, 151643, 32001]
@@ -145,8 +145,8 @@ def test_bad_arguments(logits: torch.Tensor, bitmask: torch.Tensor, match: str) 
 _TRITON_SCRIPT = r"""
 import json, os, sys, torch
 sys.path.insert(0, os.environ["FORMCAST_ROOT"])
-from kernels.bitmask_triton import apply_token_bitmask_inplace_triton
-from kernels.bitmask_torch import apply_token_bitmask_inplace_reference
+from formcast_kernels.bitmask_triton import apply_token_bitmask_inplace_triton
+from formcast_kernels.bitmask_torch import apply_token_bitmask_inplace_reference
 views = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 cases = json.loads(sys.argv[1])
 results = []
@@ -200,7 +200,9 @@ def test_triton_on_gpu_matches_cpu(dtype: torch.dtype) -> None:
 
 def test_kernels_import_only_torch_and_triton() -> None:
     allowed = {"torch", "triton", "__future__", "sys"}
-    for path in (ROOT / "kernels").glob("*.py"):
+    paths = sorted((ROOT / "formcast_kernels").glob("*.py"))
+    assert len(paths) > 5, "formcast_kernels/ not found"
+    for path in paths:
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -216,7 +218,7 @@ def test_kernels_import_only_torch_and_triton() -> None:
 @pytest.mark.parametrize("tile", [96, 2048, 70000])  # column tiles, row tiles of one row, several rows
 @pytest.mark.parametrize("vocab,logit_cols", [(1000, 1000), (1001, 1100), (32001, 32064)])
 def test_fast_path_tiling(tile: int, vocab: int, logit_cols: int, monkeypatch) -> None:
-    import kernels.bitmask_torch as bitmask_torch
+    import formcast_kernels.bitmask_torch as bitmask_torch
 
     monkeypatch.setattr(bitmask_torch, "_TILE_ELEMENTS", tile)
     monkeypatch.setattr(bitmask_torch, "_TILE_ELEMENTS_THREADED", tile)
@@ -232,7 +234,7 @@ def test_fast_path_tiling(tile: int, vocab: int, logit_cols: int, monkeypatch) -
 
 
 def test_first_call_under_inference_mode_does_not_poison_later_calls():
-    from kernels import bitmask_torch
+    from formcast_kernels import bitmask_torch
 
     bitmask_torch._CAP_TABLES.clear()
     bitmask_torch._WORKSPACES.clear()

@@ -4,7 +4,7 @@ Data flow of one ``model.generate`` step, per batch row ``r``::
 
     input_ids[r, -1]  (the token sampled last step)  -> matchers[r].accept_token
     matchers[r].fill_next_token_bitmask(bitmask.numpy(), r, remaining_tokens=...)
-    kernels.apply_token_bitmask_inplace(scores, bitmask)     disallowed logits -> -inf
+    formcast_kernels.apply_token_bitmask_inplace(scores, bitmask)     disallowed logits -> -inf
     -> transformers' temperature / top-k / top-p warpers -> sampling
 
 ``generate`` merges user processors *before* its sampling warpers, so the mask is applied to raw
@@ -28,7 +28,7 @@ from transformers import LogitsProcessor
 
 from grammar import GrammarError, GrammarMatcher, TokenVocabulary, bitmask_width, pack_bool_mask
 from grammar.caches import CACHES
-from kernels import apply_token_bitmask_inplace
+from formcast_kernels import apply_token_bitmask_inplace
 
 from ..constrained.grammar_backend import GrammarBackend
 from ..sampling_params import SamplingParams

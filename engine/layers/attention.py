@@ -60,7 +60,7 @@ contributes, and never reads a freed slot whose contents may be anything.
 Decode rows can instead go through a kernel that reads each key and value once, straight from
 the pool, without the gathered copy and the padding: on the CPU with a float32 cache the
 compiled loop of ``cpu_decode_attention`` (numba), on CUDA the Triton kernel of
-``kernels.paged_decode_attention``. The grouped SDPA path is the reference both are tested
+``formcast_kernels.paged_decode_attention``. The grouped SDPA path is the reference both are tested
 against, and serves the remaining cases (a float16 cache on the CPU, no numba).
 """
 
@@ -72,7 +72,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels import PagedRows, paged_decode_attention
+from formcast_kernels import PagedRows, paged_decode_attention
 
 from . import cpu_decode_attention, cpu_linear
 

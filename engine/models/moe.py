@@ -10,7 +10,7 @@ bytes, which is what makes a sparse model's decode step cost like a dense model 
 On the CPU, a decode-sized batch runs every chosen expert in two compiled loops (``layers.cpu_moe``:
 gate/up with the activation, then down, over (expert group, output block) tasks); a prefill
 runs each chosen expert as two ``cpu_linear.linear`` calls over its tokens. On CUDA the experts
-run as ``kernels.fused_moe``'s Triton grouped GEMM instead (the same grouping, one launch for
+run as ``formcast_kernels.fused_moe``'s Triton grouped GEMM instead (the same grouping, one launch for
 gate/up with the activation and one for down, every chosen expert in it), when the stacked
 weights are plain tensors (GGUF experts kept quantized take the per-expert path).
 
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.fused_moe import fused_moe
+from formcast_kernels.fused_moe import fused_moe
 
 from ..layers import cpu_moe
 from ..layers.activation import activation

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from grammar.caches import CACHES
-from kernels import apply_token_bitmask_inplace
-from kernels.bitmask_torch import clear_workspaces
+from formcast_kernels import apply_token_bitmask_inplace
+from formcast_kernels.bitmask_torch import clear_workspaces
 
 from .logprobs import gather_logprobs, truncated_log_softmax
 from .sampling_batch_info import SamplingBatchInfo

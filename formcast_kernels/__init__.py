@@ -1,4 +1,4 @@
-"""formcast.kernels: torch/triton kernels (imports only torch and triton)."""
+"""formcast_kernels (the brief's kernels layer; `kernels` is Hugging Face's import name): torch/triton kernels (imports only torch and triton)."""
 
 from .decode_attention import paged_decode_attention
 from .fused_moe import fused_moe
