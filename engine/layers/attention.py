@@ -68,7 +68,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -353,7 +352,7 @@ class TorchAttention:
         q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pd: PagedDecode, out: torch.Tensor,
         scale: float | None = None, f16: bool = False, softcap: float | None = None,
     ) -> None:  # fmt: skip
-        heads, dim, kv_heads = q.shape[1], q.shape[2], k_buf.shape[1]
+        dim = q.shape[2]
         qd = (q if pd.token_index is None else q.index_select(0, pd.token_index)).contiguous()
         od = out if pd.token_index is None else torch.empty_like(qd)
         if pd.kernel == "triton":
@@ -362,13 +361,12 @@ class TorchAttention:
                 qd = qd * (scale * dim**0.5)
             paged_decode_attention(qd, k_buf, v_buf, PagedRows(pd.kv_index, pd.kv_start, pd.kv_len, pd.max_len), od)
         else:
-            bf16 = k_buf.dtype == torch.bfloat16
-            rows = (lambda t: t.view(-1, dim).view(torch.uint16)) if bf16 else (lambda t: t.view(-1, dim))  # noqa: E731
+            pool = (lambda t: t.view(torch.uint16)) if k_buf.dtype == torch.bfloat16 else (lambda t: t)  # noqa: E731
             q32 = qd.float() if qd.dtype != torch.float32 else qd
             o32 = od if od.dtype == torch.float32 else torch.empty_like(q32)
-            cpu_decode_attention.kernel_for(dim, heads // kv_heads, bf16, f16, softcap)(
-                q32.numpy(), rows(k_buf).numpy(), rows(v_buf).numpy(), pd.kv_index.numpy(),
-                pd.kv_start.numpy(), pd.kv_len.numpy(), o32.numpy(), np.float32(dim**-0.5 if scale is None else scale), kv_heads,
+            cpu_decode_attention.attend(
+                q32.numpy(), pool(k_buf).numpy(), pool(v_buf).numpy(), pd.kv_index.numpy(),
+                pd.kv_start.numpy(), pd.kv_len.numpy(), o32.numpy(), scale, f16, softcap,
             )  # fmt: skip
             if o32 is not od:
                 od.copy_(o32)

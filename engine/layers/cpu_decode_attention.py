@@ -185,6 +185,18 @@ def kernel_for(  # type: ignore[no-untyped-def]
     return kernel
 
 
+def attend(  # type: ignore[no-untyped-def]
+    q, k_pool, v_pool, kv_index, kv_start, kv_len, out, scale: float | None, f16_probs: bool, softcap: float | None
+) -> None:
+    """The kernel of ``q``'s geometry over one layer's pool [slots, kv_heads, dim] (float32, or
+    bfloat16 bits as uint16), numpy arrays; ``scale`` None: dim ** -0.5."""
+    heads, dim = q.shape[1], q.shape[2]
+    kv_heads = k_pool.shape[1]
+    kernel = kernel_for(dim, heads // kv_heads, k_pool.dtype == np.uint16, f16_probs, softcap)
+    scale32 = np.float32(dim**-0.5 if scale is None else scale)
+    kernel(q, k_pool.reshape(-1, dim), v_pool.reshape(-1, dim), kv_index, kv_start, kv_len, out, scale32, kv_heads)
+
+
 def _signature(bf16: bool):  # type: ignore[no-untyped-def]
     """The argument types a forward passes (``attention.TorchAttention._paged_decode_forward``)."""
     from numba import types

@@ -68,6 +68,11 @@ class RowForward:
             for layer in model.layers
         ]
         self.final_norm = model.norm.weight.detach().numpy()
+        self.qk_norm_weights = [
+            (layer.self_attn.q_norm.weight.detach().numpy(), layer.self_attn.k_norm.weight.detach().numpy())
+            if layer.self_attn.qk_norm == "head" else None
+            for layer in model.layers
+        ]  # fmt: skip
 
     def forward(self, batch: ForwardBatch, attn: TorchAttention, hidden: torch.Tensor, tables: list) -> torch.Tensor:  # type: ignore[type-arg]
         """Final-normed hidden states of the embedded tokens ``hidden`` [T, hidden] float32;
@@ -116,8 +121,9 @@ class RowForward:
             qk = np.ascontiguousarray(qkv[:, : q_size + kv_size]).reshape(tokens, heads + kv_heads, dim)
         else:  # "head": each q and k head normed alone, by the norms' own loop
             eps = np.float64(module.q_norm.eps)
-            q = row_ops.rms_norm_rows(np.ascontiguousarray(qkv[:, :q_size]).reshape(-1, dim), module.q_norm.weight.detach().numpy(), eps)
-            k = row_ops.rms_norm_rows(np.ascontiguousarray(qkv[:, q_size : q_size + kv_size]).reshape(-1, dim), module.k_norm.weight.detach().numpy(), eps)
+            w_q, w_k = self.qk_norm_weights[module.layer_id]  # type: ignore[misc]
+            q = row_ops.rms_norm_rows(np.ascontiguousarray(qkv[:, :q_size]).reshape(-1, dim), w_q, eps)
+            k = row_ops.rms_norm_rows(np.ascontiguousarray(qkv[:, q_size : q_size + kv_size]).reshape(-1, dim), w_k, eps)
             qk = np.concatenate([q.reshape(tokens, heads, dim), k.reshape(tokens, kv_heads, dim)], axis=1)
         if rotary.dim != dim:  # type: ignore[attr-defined]  # partial rotary: the torch path's
             qk = rotary.apply(torch.from_numpy(qk), cos, sin).numpy()  # type: ignore[attr-defined]
@@ -172,10 +178,6 @@ def _paged_attention(
     index = pool_rows.get(key)
     if index is None:
         index = pool_rows[key] = (pd.kv_index.numpy(), pd.kv_start.numpy(), pd.kv_len.numpy())
-    heads, dim = q.shape[1], q.shape[2]
-    kv_heads = k_pool.shape[1]
     out = np.empty_like(q)
-    kernel = cpu_decode_attention.kernel_for(dim, heads // kv_heads, False, attn.f16, module.softcap)
-    scale = np.float32(dim**-0.5 if module.scale is None else module.scale)
-    kernel(q, k_pool.reshape(-1, dim), v_pool.reshape(-1, dim), *index, out, scale, kv_heads)
+    cpu_decode_attention.attend(q, k_pool, v_pool, *index, out, module.scale, attn.f16, module.softcap)
     return out
