@@ -18,11 +18,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from engine.layers.int_dot import code16_row_dot, code_row_dot, float_dot, nibble_row_dot
+from engine.layers.int_dot import code16_row_dot, code_row_dot, float_dot, nibble_activation_codes, nibble_row_dot
+
+
+def _nibble_rows(qs, x, wd, xd, off):
+    """Activation codes in element order (the test's data), stored as the nibble products read them."""
+    return _nibble_rows_compiled(qs, nibble_activation_codes(x), wd, xd, off)
 
 
 @njit(cache=False)
-def _nibble_rows(qs, x, wd, xd, off):  # pragma: no cover - compiled
+def _nibble_rows_compiled(qs, x, wd, xd, off):  # pragma: no cover - compiled
     out = np.empty((x.shape[0], qs.shape[0]), np.float32)
     for n in range(qs.shape[0]):
         for r in range(x.shape[0]):
@@ -193,3 +198,53 @@ def test_float_dot_sums_every_product_of_any_length(seed, n):
     b = rng.standard_normal(n).astype(np.float32)
     expected = float(np.dot(a.astype(np.float64), b.astype(np.float64)))
     assert abs(_float_dot(a, b) - expected) <= 1e-5 * (1 + np.abs(a.astype(np.float64) * b).sum())
+
+
+def _nibble_rows_built(avx2: bool):
+    """A fresh compile of the nibble products, one row alone and groups of 2-4, with the x86
+    intrinsics or the generic IR (``int_dot._AVX2`` is read while numba lowers the call)."""
+    from engine.layers import int_dot
+
+    saved = int_dot._AVX2
+    int_dot._AVX2 = avx2
+    try:
+
+        @njit(cache=False)
+        def rows(qs, x, wd, xd, off):  # pragma: no cover - compiled
+            out = np.zeros((x.shape[0], qs.shape[0]), np.float32)
+            group = np.empty(int_dot.MAX_GROUP, np.float32)
+            for n in range(qs.shape[0]):
+                w, s = qs[n].ctypes.data, wd[n].ctypes.data
+                out[0, n] = int_dot.nibble_row_dot(w, x[0].ctypes.data, s, xd[0].ctypes.data, wd.shape[1], off)
+                for size in range(2, min(x.shape[0], int_dot.MAX_GROUP) + 1):
+                    int_dot.nibble_rows(w, x[0].ctypes.data, x.strides[0], s, xd[0].ctypes.data, xd.strides[0], wd.shape[1], group.ctypes.data, size, off)
+                    for i in range(size):
+                        out[i, n] += group[i]
+            return out
+
+        qs, x, wd, xd = (np.zeros((1, 16), np.uint8), np.zeros((1, 32), np.int8), np.ones((1, 1), np.float32), np.ones((1, 1), np.float32))
+        rows(qs, x, wd, xd, 0)  # compile now, while the flag holds
+        return rows
+    finally:
+        int_dot._AVX2 = saved
+
+
+def test_nibble_products_give_the_same_bits_with_and_without_x86_intrinsics():
+    """The AVX2 build (pmaddubsw, pmaddwd) and the generic IR sum the same elements per lane, so
+    every row's float32 result is identical bit for bit, Q4_0's offset and the int8 extremes included."""
+    from engine.layers import int_dot
+
+    if not int_dot._AVX2:
+        pytest.skip("this host compiles the generic IR only")
+    x16, qs, _ = _data(11, 7, 4, 9, False)
+    x16[1] = -128
+    qs[2] = 0xFF
+    rng = np.random.default_rng(11)
+    wd = rng.uniform(1e-3, 2e-2, (7, 9)).astype(np.float32)
+    xd = rng.uniform(1e-3, 2e-2, (4, 9)).astype(np.float32)
+    x8 = nibble_activation_codes(x16)
+    fast, generic = _nibble_rows_built(True), _nibble_rows_built(False)
+    for off in (0, 8):
+        a, b = fast(qs, x8, wd, xd, off), generic(qs, x8, wd, xd, off)
+        assert np.abs(a).max() > 0
+        np.testing.assert_array_equal(a.view(np.int32), b.view(np.int32), err_msg=f"offset {off}")

@@ -76,9 +76,11 @@ def _block_amax(x, r, b):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def quantize_q8_0(x, xq, xd, xs):  # pragma: no cover - compiled
-    """Rows of ``x`` [M, K] into 32-element blocks: codes ``xq`` [M, K] int8, fp16-rounded scales
-    ``xd`` [M, K/32], and ``xs`` = fp16(d * sum of codes) (Q8_1's block sum; ignored by Q8_0)."""
+def quantize_q8_0(x, xq, xd, xs, pair_order=False):  # pragma: no cover - compiled
+    """Rows of ``x`` [M, K] into 32-element blocks: codes ``xq`` [M, K] (int8 or int16), fp16-rounded
+    scales ``xd`` [M, K/32], and ``xs`` = fp16(d * sum of codes) (Q8_1's block sum; ignored by
+    Q8_0). ``pair_order``: each block's codes in ``int_dot.NIBBLE_PAIR_ORDER`` (element j < 16 at
+    2j, element 16 + j at 2j + 1), the order the nibble formats' products read."""
     m_rows, k_dim = x.shape
     for r in range(m_rows):
         for b in range(k_dim // 32):
@@ -88,7 +90,7 @@ def quantize_q8_0(x, xq, xd, xs):  # pragma: no cover - compiled
             total = 0
             for j in range(32):
                 q = np.int32(np.rint(x[r, b * 32 + j] * inv))
-                xq[r, b * 32 + j] = q
+                xq[r, b * 32 + (2 * (j & 15) + (j >> 4) if pair_order else j)] = q
                 total += q
             xd[r, b] = round_half(d)
             xs[r, b] = round_half(d * np.float32(total))
@@ -170,11 +172,12 @@ def _plus_minimums(acc, wm, xs, n, r):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def _mm_nibbles(n0, n1, off, qs, wd, wm, x16, xd, xs, out):  # pragma: no cover - compiled
+def _mm_nibbles(n0, n1, off, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
     """Output rows [n0, n1) of Q4_0 (``off`` 8, ``wm`` zero) and Q4_1 (``off`` 0); ``qs`` [N, K/2]
-    bytes, ``x16`` the activation's Q8 codes as int16 [M, K], ``xd`` their scales [M, K/32]: exact
-    integer block sums (``int_dot``), activation rows up to four at a time, then the minimum terms."""
-    m_rows = x16.shape[0]
+    bytes, ``x8`` the activation's Q8 codes [M, K] int8 in ``int_dot.NIBBLE_PAIR_ORDER``, ``xd``
+    their scales [M, K/32]: exact integer block sums (``int_dot``), activation rows up to four at a
+    time, then the minimum terms."""
+    m_rows = x8.shape[0]
     blocks = wd.shape[1]
     group = np.empty(MAX_GROUP, np.float32)
     for n in range(n0, n1):
@@ -183,9 +186,9 @@ def _mm_nibbles(n0, n1, off, qs, wd, wm, x16, xd, xs, out):  # pragma: no cover 
         while r < m_rows:
             size = min(m_rows - r, MAX_GROUP)
             if size == 1:
-                group[0] = nibble_row_dot(w, x16[r].ctypes.data, s, xd[r].ctypes.data, blocks, off)
+                group[0] = nibble_row_dot(w, x8[r].ctypes.data, s, xd[r].ctypes.data, blocks, off)
             else:
-                nibble_rows(w, x16[r].ctypes.data, x16.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, group.ctypes.data, size, off)
+                nibble_rows(w, x8[r].ctypes.data, x8.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, group.ctypes.data, size, off)
             for i in range(size):
                 out[r + i, n] = _plus_minimums(group[i], wm, xs, n, r + i)
             r += size
@@ -234,11 +237,11 @@ def _minus_minimums(acc, mins, xsum, n, r):  # pragma: no cover - compiled
 # Both loops are strict IEEE code (no fast-math), so a row's bits are the same whichever build
 # (this region's inlined copy or the serial function) computes it.
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
-def _mm_nibbles_threaded(chunks, off, qs, wd, wm, x16, xd, xs, out):  # pragma: no cover - compiled
+def _mm_nibbles_threaded(chunks, off, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
     n_out = qs.shape[0]
     step = (n_out + chunks - 1) // chunks
     for c in prange(chunks):
-        _mm_nibbles(c * step, min(n_out, (c + 1) * step), off, qs, wd, wm, x16, xd, xs, out)
+        _mm_nibbles(c * step, min(n_out, (c + 1) * step), off, qs, wd, wm, x8, xd, xs, out)
 
 
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
@@ -493,17 +496,20 @@ class QuantizedWeight:
         out = np.empty((m_rows, n_out), np.float32)
         xs = np.empty((m_rows, k_dim // QK), np.float32)
         macs = m_rows * n_out * k_dim
-        if kind in ("Q4_0", "Q4_1", "Q8_0"):
+        if kind == "Q8_0":
             x16 = np.empty((m_rows, k_dim), np.int16)
             xd = np.empty_like(xs)
             quantize_q8_0(x32, x16, xd, xs)
-            if kind == "Q8_0":
-                no_sums = np.zeros((m_rows, 0), np.float32)
-                _in_threads(_mm_int8, _mm_int8_threaded, n_out, macs, split, a["q"], a["scale"], a["min"], x16, xd, no_sums, out)
-            else:
-                off = 8 if kind == "Q4_0" else 0
-                qs = a["qs"].reshape(n_out, -1)
-                _in_threads(_mm_nibbles, _mm_nibbles_threaded, n_out, macs, split, off, qs, a["d"], a["m"], x16, xd, xs, out)
+            no_sums = np.zeros((m_rows, 0), np.float32)
+            _in_threads(_mm_int8, _mm_int8_threaded, n_out, macs, split, a["q"], a["scale"], a["min"], x16, xd, no_sums, out)
+            return out
+        if kind in ("Q4_0", "Q4_1"):
+            x8 = np.empty((m_rows, k_dim), np.int8)
+            xd = np.empty_like(xs)
+            quantize_q8_0(x32, x8, xd, xs, True)
+            off = 8 if kind == "Q4_0" else 0
+            qs = a["qs"].reshape(n_out, -1)
+            _in_threads(_mm_nibbles, _mm_nibbles_threaded, n_out, macs, split, off, qs, a["d"], a["m"], x8, xd, xs, out)
             return out
         xlo = np.empty((m_rows, k_dim // 2), np.float32)
         xhi = np.empty_like(xlo)

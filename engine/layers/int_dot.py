@@ -8,7 +8,8 @@ widening multiply-adds). The block sum is exact in int32; one float multiply by 
 follows. Nothing in it names a CPU feature: any LLVM target compiles it.
 
     nibble_row_dot(w, x, wd, xd, blocks, off)   Q4_0 (off 8) / Q4_1 (off 0): 16 bytes a block,
-                                                element j in the low nibble of byte j, j + 16 in its high one
+                                                element j in the low nibble of byte j, j + 16 in its high one;
+                                                ``x``: int8 codes in ``NIBBLE_PAIR_ORDER`` (below)
     code_row_dot(w, x, wd, xd, blocks)          Q8_0, Q4_K, Q5_K: 32 int8 codes a block
     code16_row_dot(w, x, wd, xd, blocks)        Q6_K: the same with a scale per 16 elements
                                                 (``wd`` and ``xd`` hold two a block)
@@ -16,8 +17,8 @@ follows. Nothing in it names a CPU feature: any LLVM target compiles it.
     float_dot(a, b, n)                          sum_i a[i] * b[i] of float32 rows (the minimum terms
                                                 of the formats with one)
 
-``w``, ``x`` (the activation's codes as int16, 32 a block), ``wd``, ``xd`` (float32 scales, one a
-block) are addresses of one row (``arr[n].ctypes.data``). The result is
+``w``, ``x`` (the activation's codes as int16, 32 a block; int8 for the nibble formats), ``wd``,
+``xd`` (float32 scales, one a block) are addresses of one row (``arr[n].ctypes.data``). The result is
 sum_b (wd[b] * xd[b]) * sum_j w_bj * x_bj, accumulated in eight float lanes by two accumulators
 (even and odd blocks: two independent chains) and summed in a fixed pairwise order, with no
 fast-math flag. ``*_rows(w, x, x_step, wd, xd, xd_step, blocks, out, count[, off])`` multiply one
@@ -25,18 +26,52 @@ weight row by ``count`` activation rows, 2 to ``MAX_GROUP`` (``x + i * x_step`` 
 loading and unpacking each weight block once, and store the results at ``out``: each row runs the very operations it
 runs alone, so its bits depend only on its own codes and scales, never on a batch or a thread
 (the contract of ``cpu_threads``).
+
+The nibble formats multiply unsigned 4-bit codes by int8 activation codes: on x86 with AVX2 that is
+``pmaddubsw`` (32 byte products summed in pairs into int16) then ``pmaddwd`` by ones (pairs of those
+into int32), called as LLVM's x86 intrinsics because the generic IR of that pattern is rewritten by
+LLVM's middle end into int16 multiplies before instruction selection could recognise it. Other
+targets get the generic IR of the same sums. The activation's codes are stored in the order the
+unpacked nibbles come out of a byte interleave (``NIBBLE_PAIR_ORDER``), so lane i of a block's
+eight int32 sums holds elements 2i, 2i+1, 16+2i and 17+2i on every target: the bits do not depend
+on the instruction set.
 """
 
 from __future__ import annotations
 
-from llvmlite import ir
+import numpy as np
+from llvmlite import binding, ir
 from numba import types
+from numba.core import config
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 _I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
 _V16I8, _V16I16, _V16I32 = ir.VectorType(_I8, 16), ir.VectorType(_I16, 16), ir.VectorType(_I32, 16)
 _V8I32, _V8F32 = ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
+_V32I8 = ir.VectorType(_I8, 32)
+
+# Position p of a block's int8 activation codes holds element NIBBLE_PAIR_ORDER[p]: the low and
+# high nibble of byte k (elements k and 16 + k) sit side by side, as the unpacked weight bytes do.
+NIBBLE_PAIR_ORDER = np.array([k + 16 * high for k in range(16) for high in (0, 1)], np.int64)
+
+
+def nibble_activation_codes(codes: np.ndarray) -> np.ndarray:
+    """Activation codes [M, K] in element order -> int8 [M, K] in ``NIBBLE_PAIR_ORDER`` per block."""
+    rows, k_dim = codes.shape
+    blocks = codes.reshape(rows, k_dim // 32, 32)
+    return np.ascontiguousarray(blocks[:, :, NIBBLE_PAIR_ORDER].reshape(rows, k_dim).astype(np.int8))
+
+
+def _avx2_intrinsics() -> bool:
+    """Whether numba compiles for this host and the host has AVX2 (a portable build, through
+    NUMBA_CPU_NAME, must not call an x86 intrinsic)."""
+    if config.CPU_NAME not in (None, "host"):
+        return False
+    return bool(binding.get_host_cpu_features().get("avx2", False))
+
+
+_AVX2 = _avx2_intrinsics()
 
 
 def _indices(values: list[int]) -> ir.Constant:
@@ -56,6 +91,40 @@ def _madd(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
     return builder.add(even, odd)
 
 
+def _unsigned_signed_pairs(builder: ir.IRBuilder, u: ir.Value, s: ir.Value) -> ir.Value:
+    """<32 x i8> unsigned u, signed s -> <16 x i16>: u[2i] * s[2i] + u[2i + 1] * s[2i + 1], saturated
+    (never reached here: nibbles times int8 stay within 2 * 15 * 128)."""
+    if _AVX2:
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16I16, [_V32I8, _V32I8]), "llvm.x86.avx2.pmadd.ub.sw")
+        return builder.call(fn, [u, s])
+    even, odd = _indices(list(range(0, 32, 2))), _indices(list(range(1, 32, 2)))
+    sums = builder.add(
+        builder.mul(builder.zext(builder.shuffle_vector(u, u, even), _V16I32), builder.sext(builder.shuffle_vector(s, s, even), _V16I32)),
+        builder.mul(builder.zext(builder.shuffle_vector(u, u, odd), _V16I32), builder.sext(builder.shuffle_vector(s, s, odd), _V16I32)),
+    )  # fmt: skip
+    low, high = ir.Constant(_V16I32, [-32768] * 16), ir.Constant(_V16I32, [32767] * 16)
+    sums = builder.select(builder.icmp_signed(">", sums, low), sums, low)
+    sums = builder.select(builder.icmp_signed("<", sums, high), sums, high)
+    return builder.trunc(sums, _V16I16)
+
+
+def _pair_sums(builder: ir.IRBuilder, pairs: ir.Value) -> ir.Value:
+    """<16 x i16> -> <8 x i32>: pairs[2i] + pairs[2i + 1]."""
+    if _AVX2:
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8I32, [_V16I16, _V16I16]), "llvm.x86.avx2.pmadd.wd")
+        return builder.call(fn, [pairs, ir.Constant(_V16I16, [1] * 16)])
+    return _madd(builder, pairs, ir.Constant(_V16I16, [1] * 16))
+
+
+def _nibble_lanes(builder: ir.IRBuilder, nibbles: ir.Value, x: ir.Value, off: ir.Value | None) -> ir.Value:
+    """One block: unpacked nibbles <32 x i8> (pair order) times int8 codes <32 x i8> (the same
+    order), minus ``off`` times the codes' sums: <8 x i32>, lane i elements 2i, 2i+1, 16+2i, 17+2i."""
+    pairs = _unsigned_signed_pairs(builder, nibbles, x)
+    if off is not None:  # Q4_0: (nibble - off) * x, as nibble * x - off * x in int16 (|sum| <= 6,144)
+        pairs = builder.sub(pairs, _unsigned_signed_pairs(builder, off, x))
+    return _pair_sums(builder, pairs)
+
+
 def _codes(builder: ir.IRBuilder, base: ir.Value, index: ir.Value) -> ir.Value:
     """16 int8 codes at ``base`` + 16 * ``index``, sign-extended to int16."""
     return builder.sext(builder.load(builder.gep(base, [index]), align=1), _V16I16)
@@ -68,15 +137,17 @@ def _wide_codes(builder: ir.IRBuilder, base: ir.Value, index: ir.Value) -> ir.Va
 
 def _rows_dot(
     builder: ir.IRBuilder, w_addr: ir.Value, rows: list[tuple[ir.Value, ir.Value]], wd_addr: ir.Value,
-    blocks: ir.Value, off: ir.Value | None, halves: bool,
+    blocks: ir.Value, nibbles: bool, off: ir.Value | None, halves: bool,
 ) -> list[ir.Value]:  # fmt: skip
     """One weight row times activation rows ``rows`` ((codes address, scales address) each): each
     weight block is loaded and unpacked once for all of them, and every row's float operations
-    run in the order a row alone gets (no fast-math: its bits are its own). ``off``: the nibble
-    formats' offset, None for int8 codes; ``halves``: a scale per 16 elements (two a block)."""
+    run in the order a row alone gets (no fast-math: its bits are its own). ``nibbles``: the
+    nibble formats (``off``: their offset as a <32 x i8> splat, None for none), else int8 codes;
+    ``halves``: a scale per 16 elements (two a block)."""
     w = builder.inttoptr(w_addr, _V16I8.as_pointer())
     wd = builder.inttoptr(wd_addr, _F32.as_pointer())
-    xs = [(builder.inttoptr(x, _V16I16.as_pointer()), builder.inttoptr(xd, _F32.as_pointer())) for x, xd in rows]
+    x_type = _V32I8 if nibbles else _V16I16
+    xs = [(builder.inttoptr(x, x_type.as_pointer()), builder.inttoptr(xd, _F32.as_pointer())) for x, xd in rows]
     zero = ir.Constant(_V8F32, [0.0] * 8)
     accs = [(cgutils.alloca_once_value(builder, zero), cgutils.alloca_once_value(builder, zero)) for _ in rows]
     one = ir.Constant(blocks.type, 1)
@@ -87,12 +158,17 @@ def _rows_dot(
 
     def add_block(block: ir.Value, chain: int) -> None:
         two = builder.mul(block, ir.Constant(block.type, 2))
-        if off is None:  # int8 weight codes
-            w_lo, w_hi = _codes(builder, w, two), _codes(builder, w, builder.add(two, one))
-        else:  # 16 bytes of nibbles
-            packed = builder.zext(builder.load(builder.gep(w, [block]), align=1), _V16I16)
-            w_lo = builder.sub(builder.and_(packed, ir.Constant(_V16I16, [15] * 16)), off)
-            w_hi = builder.sub(builder.lshr(packed, ir.Constant(_V16I16, [4] * 16)), off)
+        if nibbles:  # 16 bytes: low nibbles are elements 0-15, high ones 16-31, interleaved
+            packed = builder.load(builder.gep(w, [block]), align=1)
+            low = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
+            high = builder.lshr(packed, ir.Constant(_V16I8, [4] * 16))
+            unpacked = builder.shuffle_vector(low, high, _indices([k + 16 * h for k in range(16) for h in (0, 1)]))
+            for (x, xd), acc in zip(xs, accs):
+                lanes = _nibble_lanes(builder, unpacked, builder.load(builder.gep(x, [block]), align=1), off)
+                block_sum = builder.fmul(builder.sitofp(lanes, _V8F32), scale(xd, block))
+                builder.store(builder.fadd(builder.load(acc[chain]), block_sum), acc[chain])
+            return
+        w_lo, w_hi = _codes(builder, w, two), _codes(builder, w, builder.add(two, one))
         for (x, xd), acc in zip(xs, accs):
             lo = _madd(builder, w_lo, _wide_codes(builder, x, two))
             hi = _madd(builder, w_hi, _wide_codes(builder, x, builder.add(two, one)))
@@ -121,24 +197,42 @@ def _rows_dot(
     return results
 
 
+def _by_offset(builder: ir.IRBuilder, off: ir.Value, emit) -> None:  # type: ignore[no-untyped-def]
+    """``emit(None)`` where the nibble offset is 0 (Q4_1), else ``emit(<32 x i8> splat of it)``:
+    two copies of the loop, so Q4_1 pays no correction."""
+    with builder.if_else(builder.icmp_signed("==", off, ir.Constant(off.type, 0))) as (no_offset, offset):
+        with no_offset:
+            emit(None)
+        with offset:
+            emit(_splat(builder, builder.trunc(off, _I8), _V32I8))
+
+
 def _one_row(builder: ir.IRBuilder, args: list[ir.Value], nibbles: bool = False, halves: bool = False) -> ir.Value:
     w, x, wd, xd, blocks = args[:5]
-    off = _splat(builder, builder.trunc(args[5], _I16), _V16I16) if nibbles else None
-    return _rows_dot(builder, w, [(x, xd)], wd, blocks, off, halves)[0]
+    if not nibbles:
+        return _rows_dot(builder, w, [(x, xd)], wd, blocks, False, None, halves)[0]
+    result = cgutils.alloca_once(builder, _F32)
+    _by_offset(builder, args[5], lambda off: builder.store(_rows_dot(builder, w, [(x, xd)], wd, blocks, True, off, halves)[0], result))
+    return builder.load(result)
 
 
 def _group_rows(builder: ir.IRBuilder, args: list[ir.Value], count: int, nibbles: bool = False, halves: bool = False) -> ir.Value:
     """Rows at x + i * x_step and xd + i * xd_step (bytes), i < ``count``; results stored at ``out``."""
     w, x, x_step, wd, xd, xd_step, blocks, out = args[:8]
-    off = _splat(builder, builder.trunc(args[8], _I16), _V16I16) if nibbles else None
     rows = []
     for i in range(count):
         index = ir.Constant(x_step.type, i)
         rows.append((builder.add(x, builder.mul(x_step, index)), builder.add(xd, builder.mul(xd_step, index))))
-    results = _rows_dot(builder, w, rows, wd, blocks, off, halves)
     out_p = builder.inttoptr(out, _F32.as_pointer())
-    for i, value in enumerate(results):
-        builder.store(value, builder.gep(out_p, [ir.Constant(_I32, i)]))
+
+    def store(off: ir.Value | None) -> None:
+        for i, value in enumerate(_rows_dot(builder, w, rows, wd, blocks, nibbles, off, halves)):
+            builder.store(value, builder.gep(out_p, [ir.Constant(_I32, i)]))
+
+    if nibbles:
+        _by_offset(builder, args[8], store)
+    else:
+        store(None)
     return ir.Constant(ir.IntType(64), 0)
 
 
