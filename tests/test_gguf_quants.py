@@ -102,9 +102,29 @@ def test_activation_quantizers_match_llama_cpp_definitions():
     np.testing.assert_array_equal(kq, rq)
     np.testing.assert_array_equal(kd, rd)
     np.testing.assert_array_equal(kbs, rbs)
+    # the nibble loops' order: the same codes, each block's permuted by NIBBLE_PAIR_ORDER
+    from engine.layers.int_dot import NIBBLE_PAIR_ORDER
+
+    order = (np.arange(K // 32)[:, None] * 32 + NIBBLE_PAIR_ORDER[None]).reshape(-1)
+    pq = np.empty_like(xq)
+    gq.quantize_q8_0(x, pq, xd, xs, True)
+    np.testing.assert_array_equal(pq, xq[:, order])
+    gq.quantize_q8_k(x, pq, kd, kbs, True)
+    np.testing.assert_array_equal(pq, kq[:, order])
     x[2] = 0.0  # all-zero K blocks: scale 0, codes 0
     gq.quantize_q8_k(x, kq, kd, kbs)
     assert not kq[2].any() and not kd[2].any() and not kbs[2].any()
+
+
+# In-memory bytes over the file's: scales and minimums are float32 (one per 32 elements, Q6_K one
+# per 16), the codes of the nibble formats stay nibbles, the others become int8.
+RESIDENT_OVER_FILE = {"Q4_0": 1.12, "Q4_1": 1.2, "Q8_0": 1.06, "Q4_K": 1.34, "Q5_K": 1.82, "Q6_K": 1.53, "Q5_0": 1.3, "Q5_1": 1.34}
+
+
+def test_weights_stay_near_their_file_size(encoded):
+    type_name, raw, _ = encoded
+    weight = gq.QuantizedWeight.from_gguf(type_name, raw, (N, K))
+    assert weight.nbytes <= raw.nbytes * RESIDENT_OVER_FILE[type_name], (type_name, weight.nbytes, raw.nbytes)
 
 
 def test_fp16_rounding_matches_numpy():

@@ -9,16 +9,20 @@ once at load, so the loop does no half-float conversion):
 | Q4_0 / Q4_1 | 32 | nibbles [N, K/32, 16], d (and m) | Q8_0 / Q8_1 |
 | Q5_0 / Q5_1 | 32 | nibbles, the fifth bits as uint32, d (and m) | Q8_0 / Q8_1 |
 | Q8_0 | 32 | int8 codes [N, K], d | Q8_0 |
-| Q4_K / Q5_K / Q6_K | 256 | int8 codes [N, K], per sub-block d * scale (and dmin * min) | Q8_K |
+| Q4_K | 256 | nibbles per 32-element sub-block as Q4_1's, d * scale and dmin * min | Q8_K |
+| Q5_K / Q6_K | 256 | int8 codes [N, K], per sub-block d * scale (and dmin * min) | Q8_K |
+
+In memory a matrix takes its file's bytes times about 1.1 (Q4_0, Q8_0), 1.2 (Q4_1), 1.33 (Q4_K),
+1.5 (Q6_K) and 1.8 (Q5_K): the scales are widened to float32, and the 5- and 6-bit codes to int8.
 
 A linear layer on a few activation rows (decode, speculative verification, mixed batches) first
 quantizes each row the way llama.cpp does for that format (8-bit blocks with an fp16 scale, plus
 the block sum for the formats with a minimum: Q8_1; 256-element blocks with a float32 scale and
 16-element sums for the K-quants: Q8_K), then sums code x code x both scales over the row: the
 format's own dot product, which is why greedy outputs agree with llama.cpp's. Q4_0, Q4_1, Q8_0,
-and the K-quants sum each 32-element block (Q6_K: 16) exactly in integers (``int_dot``: int16
-multiply-adds in LLVM vector IR; 1.9x (nibbles) and 3-4x (int8 codes) faster than float loops
-here), then scale it, as llama.cpp's own kernels do; Q5_0 and Q5_1 run a float loop (the same sums
+and the K-quants sum each 32-element block (Q6_K: 16) exactly in integers (``int_dot``: integer
+multiply-adds in LLVM vector IR, nibble x int8 byte products for the nibble formats; 1.9x
+(nibbles, before the byte products) and 3-4x (int8 codes) faster than float loops here), then scale it, as llama.cpp's own kernels do; Q5_0 and Q5_1 run a float loop (the same sums
 up to rounding order, relative 1e-6).
 The loops run at every row count, long prefills included: a row's result never depends on how
 many rows share its forward. Dequantizing the weight for torch's GEMM would prefill a 256-token
@@ -120,9 +124,10 @@ def _q8_dequantized(x, lo, hi, xs):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def quantize_q8_k(x, xq, xd, xbs):  # pragma: no cover - compiled
+def quantize_q8_k(x, xq, xd, xbs, pair_order=False):  # pragma: no cover - compiled
     """Rows of ``x`` [M, K] into Q8_K: 256-element blocks scaled by -127 / (the signed value of
-    largest magnitude), float32 scale ``xd`` [M, K/256], 16-element sums ``xbs`` [M, K/16]."""
+    largest magnitude), float32 scale ``xd`` [M, K/256], 16-element sums ``xbs`` [M, K/16].
+    ``pair_order``: codes stored per 32 elements as ``quantize_q8_0``'s (for the nibble loop)."""
     m_rows, k_dim = x.shape
     for r in range(m_rows):
         for b in range(k_dim // 256):
@@ -145,7 +150,8 @@ def quantize_q8_k(x, xq, xd, xbs):  # pragma: no cover - compiled
                 total = 0
                 for j in range(16):
                     q = min(127, np.int32(np.rint(iscale * x[r, b * 256 + g * 16 + j])))
-                    xq[r, b * 256 + g * 16 + j] = q
+                    e = b * 256 + g * 16 + j
+                    xq[r, (e - (e & 31) + 2 * (e & 15) + ((e & 31) >> 4)) if pair_order else e] = q
                     total += q
                 xbs[r, b * 16 + g] = total
             xd[r, b] = np.float32(1.0) / iscale
@@ -172,11 +178,12 @@ def _plus_minimums(acc, wm, xs, n, r):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def _mm_nibbles(n0, n1, off, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
-    """Output rows [n0, n1) of Q4_0 (``off`` 8, ``wm`` zero) and Q4_1 (``off`` 0); ``qs`` [N, K/2]
-    bytes, ``x8`` the activation's Q8 codes [M, K] int8 in ``int_dot.NIBBLE_PAIR_ORDER``, ``xd``
-    their scales [M, K/32]: exact integer block sums (``int_dot``), activation rows up to four at a
-    time, then the minimum terms."""
+def _mm_nibbles(n0, n1, off, qs, wd, wm, x8, xd, xs, mins, xsum, out):  # pragma: no cover - compiled
+    """Output rows [n0, n1) of Q4_0 (``off`` 8, ``wm`` zero), Q4_1 (``off`` 0) and Q4_K (``off``
+    0, ``wd`` the sub-block scales, ``mins`` / ``xsum`` as ``_mm_int8``'s; ``wm`` zero); ``qs``
+    [N, K/2] bytes, ``x8`` the activation's Q8 codes [M, K] int8 in ``int_dot.NIBBLE_PAIR_ORDER``,
+    ``xd`` their scales [M, K/32]: exact integer block sums (``int_dot``), activation rows up to
+    four at a time, then the minimum terms (the two kinds: an empty array adds nothing)."""
     m_rows = x8.shape[0]
     blocks = wd.shape[1]
     group = np.empty(MAX_GROUP, np.float32)
@@ -190,7 +197,7 @@ def _mm_nibbles(n0, n1, off, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover -
             else:
                 nibble_rows(w, x8[r].ctypes.data, x8.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, group.ctypes.data, size, off)
             for i in range(size):
-                out[r + i, n] = _plus_minimums(group[i], wm, xs, n, r + i)
+                out[r + i, n] = _minus_minimums(_plus_minimums(group[i], wm, xs, n, r + i), mins, xsum, n, r + i)
             r += size
 
 
@@ -237,11 +244,11 @@ def _minus_minimums(acc, mins, xsum, n, r):  # pragma: no cover - compiled
 # Both loops are strict IEEE code (no fast-math), so a row's bits are the same whichever build
 # (this region's inlined copy or the serial function) computes it.
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
-def _mm_nibbles_threaded(chunks, off, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
+def _mm_nibbles_threaded(chunks, off, qs, wd, wm, x8, xd, xs, mins, xsum, out):  # pragma: no cover - compiled
     n_out = qs.shape[0]
     step = (n_out + chunks - 1) // chunks
     for c in prange(chunks):
-        _mm_nibbles(c * step, min(n_out, (c + 1) * step), off, qs, wd, wm, x8, xd, xs, out)
+        _mm_nibbles(c * step, min(n_out, (c + 1) * step), off, qs, wd, wm, x8, xd, xs, mins, xsum, out)
 
 
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
@@ -292,18 +299,21 @@ def _mm_q5(n0, n1, off, qs, qh, wd, wm, xlo, xhi, xs, out):  # pragma: no cover 
 
 @njit(nogil=True, cache=True, boundscheck=False)
 def _dequant_nibbles(i0, i1, kind, qs, qh, wd, wm, rows, out):  # pragma: no cover - compiled
+    """Rows ``rows[i0:i1]`` of a nibble matrix; ``kind``: the index in ``BLOCK_TYPES`` (0-3), or 4
+    for Q4_K's sub-blocks (``wd`` / ``wm`` its scales and minimums)."""
     nb = wd.shape[1]
     for i in range(i0, i1):
         n = rows[i]
         for b in range(nb):
             d = wd[n, b]
-            m = wm[n, b] if kind == 1 or kind == 3 else np.float32(0.0)
-            h = qh[n, b] if kind >= 2 else np.uint32(0)
+            m = wm[n, b] if kind == 1 or kind == 3 or kind == 4 else np.float32(0.0)
+            fifth = kind == 2 or kind == 3  # Q5_0 / Q5_1
+            h = qh[n, b] if fifth else np.uint32(0)
             for j in range(16):
                 v = np.int32(qs[n, b, j])
                 lo = v & 15
                 hi = v >> 4
-                if kind >= 2:
+                if fifth:
                     lo |= np.int32(((h >> j) & 1) << 4)
                     hi |= np.int32(((h >> (j + 16)) & 1) << 4)
                 if kind == 0:
@@ -312,6 +322,9 @@ def _dequant_nibbles(i0, i1, kind, qs, qh, wd, wm, rows, out):  # pragma: no cov
                 elif kind == 2:
                     out[i, b * 32 + j] = np.float32(lo - 16) * d
                     out[i, b * 32 + j + 16] = np.float32(hi - 16) * d
+                elif kind == 4:  # Q4_K: sub-block scale and minimum, as ``_dequant_codes`` rounds them
+                    out[i, b * 32 + j] = d * np.float32(lo) - m
+                    out[i, b * 32 + j + 16] = d * np.float32(hi) - m
                 else:
                     out[i, b * 32 + j] = np.float32(lo) * d + m
                     out[i, b * 32 + j + 16] = np.float32(hi) * d + m
@@ -346,8 +359,11 @@ def _k_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _unpack_k(type_name: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
-    """[N, nsb, bytes] K-quant super-blocks -> int8 codes [N, K] and, per sub-block of
-    ``1 << shift`` elements, its float scale (d * 6-bit scale) and minimum (dmin * 6-bit min)."""
+    """[N, nsb, bytes] K-quant super-blocks -> codes and, per sub-block of ``1 << shift``
+    elements, its float scale (d * 6-bit scale) and minimum (dmin * 6-bit min). Codes: Q4_K's as
+    nibbles ``qs`` [N, K/32, 16] in Q4_1's layout (element j of a sub-block in the low nibble of
+    byte j, j + 16 in the high one; 4 bits a weight in memory, as in the file), the others as int8
+    ``q`` [N, K]."""
     n, nsb, _ = blocks.shape
     if type_name in ("Q4_K", "Q5_K"):
         d, dmin = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
@@ -360,9 +376,13 @@ def _unpack_k(type_name: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
             shifts = np.arange(8).reshape(4, 2)  # chunk c, half h -> bit 2c + h
             high = (qh[:, :, None, None, :] >> shifts[None, None, :, :, None]) & 1
             codes = codes | (high << 4)
-        q = codes.reshape(n, nsb * 256).astype(np.int8)
         scale = (d[..., None] * sc.astype(np.float32)).reshape(n, nsb * 8)
         mins = (dmin[..., None] * mn.astype(np.float32)).reshape(n, nsb * 8)
+        if type_name == "Q4_K":  # kept as nibbles, repacked per 32-element sub-block as Q4_1's
+            sub = codes.reshape(n, nsb * 8, 32)
+            qs = (sub[..., :16] | (sub[..., 16:] << 4)).astype(np.uint8)
+            return {"qs": qs, "scale": scale, "min": mins, "shift": 5}
+        q = codes.reshape(n, nsb * 256).astype(np.int8)
         return {"q": q, "scale": scale, "min": mins, "shift": 5}
     # Q6_K: ql[128], qh[64], scales int8[16], d
     ql = blocks[..., 0:128].reshape(n, nsb, 2, 64).astype(np.int32)
@@ -447,6 +467,9 @@ class QuantizedWeight:
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         if "q" in a:
             fn = lambda i0, i1: _dequant_codes(i0, i1, a["shift"], a["q"], a["scale"], a["min"], rows, out)  # noqa: E731
+        elif self.type_name == "Q4_K":
+            no_high = np.zeros((self.shape[0], 0), np.uint32)
+            fn = lambda i0, i1: _dequant_nibbles(i0, i1, 4, a["qs"], no_high, a["scale"], a["min"], rows, out)  # noqa: E731
         else:
             kind = BLOCK_TYPES.index(self.type_name)
             fn = lambda i0, i1: _dequant_nibbles(i0, i1, kind, a["qs"], a["qh"], a["d"], a["m"], rows, out)  # noqa: E731
@@ -470,10 +493,12 @@ class QuantizedWeight:
         # K-quants: Q8_K activations; the minimum terms use their 16-element sums, times the scale.
         k_dim = self.shape[1]
         a = self.arrays
-        xq = np.empty((m_rows, k_dim), np.int16)  # int8 codes, kept wide for the integer loops
+        nibbles = "qs" in a  # Q4_K
+        # int8 codes in the nibble loop's order, or kept wide for the int16 loops
+        xq = np.empty((m_rows, k_dim), np.int8 if nibbles else np.int16)
         xd = np.empty((m_rows, k_dim // QK_K), np.float32)
         xbs = np.empty((m_rows, k_dim // 16), np.int32)
-        quantize_q8_k(x32, xq, xd, xbs)
+        quantize_q8_k(x32, xq, xd, xbs, nibbles)
         out = np.empty((m_rows, self.shape[0]), np.float32)
         if a["min"].shape[1]:
             per_group = (1 << a["shift"]) // 16
@@ -484,7 +509,11 @@ class QuantizedWeight:
         # the activation's scale per weight sub-block (32 elements: Q4_K / Q5_K; 16: Q6_K)
         xd_sub = np.repeat(xd, a["scale"].shape[1] // xd.shape[1], axis=1)
         macs = m_rows * self.shape[0] * k_dim
-        _in_threads(_mm_int8, _mm_int8_threaded, self.shape[0], macs, split, a["q"], a["scale"], a["min"], xq, xd_sub, xsum, out)
+        if nibbles:
+            qs, none = a["qs"].reshape(self.shape[0], -1), np.zeros((m_rows, 0), np.float32)
+            _in_threads(_mm_nibbles, _mm_nibbles_threaded, self.shape[0], macs, split, 0, qs, a["scale"], none, xq, xd_sub, none, a["min"], xsum, out)
+        else:
+            _in_threads(_mm_int8, _mm_int8_threaded, self.shape[0], macs, split, a["q"], a["scale"], a["min"], xq, xd_sub, xsum, out)
         return out
 
     def _block_product(self, x32: np.ndarray, split: bool | None = None) -> np.ndarray:
@@ -509,7 +538,8 @@ class QuantizedWeight:
             quantize_q8_0(x32, x8, xd, xs, True)
             off = 8 if kind == "Q4_0" else 0
             qs = a["qs"].reshape(n_out, -1)
-            _in_threads(_mm_nibbles, _mm_nibbles_threaded, n_out, macs, split, off, qs, a["d"], a["m"], x8, xd, xs, out)
+            none = np.zeros((n_out, 0), np.float32)
+            _in_threads(_mm_nibbles, _mm_nibbles_threaded, n_out, macs, split, off, qs, a["d"], a["m"], x8, xd, xs, none, none, out)
             return out
         xlo = np.empty((m_rows, k_dim // 2), np.float32)
         xhi = np.empty_like(xlo)
