@@ -9,11 +9,12 @@ once at load, so the loop does no half-float conversion):
 | Q4_0 / Q4_1 | 32 | nibbles [N, K/32, 16], d (and m) | Q8_0 / Q8_1 |
 | Q5_0 / Q5_1 | 32 | nibbles, the fifth bits as uint32, d (and m) | Q8_0 / Q8_1 |
 | Q8_0 | 32 | int8 codes [N, K], d | Q8_0 |
-| Q4_K | 256 | nibbles per 32-element sub-block as Q4_1's, d * scale and dmin * min | Q8_K |
+| Q4_K | 256 | nibbles per 32-element sub-block as Q4_1's; d, dmin and the 6-bit scales and mins | Q8_K |
 | Q5_K / Q6_K | 256 | int8 codes [N, K], per sub-block d * scale (and dmin * min) | Q8_K |
 
-In memory a matrix takes its file's bytes times about 1.1 (Q4_0, Q8_0), 1.2 (Q4_1), 1.33 (Q4_K),
-1.5 (Q6_K) and 1.8 (Q5_K): the scales are widened to float32, and the 5- and 6-bit codes to int8.
+In memory a matrix takes its file's bytes times about 1.06 (Q4_K), 1.1 (Q4_0, Q8_0), 1.2 (Q4_1),
+1.5 (Q6_K) and 1.8 (Q5_K): the 32-element formats' scales are widened to float32, and the 5- and
+6-bit codes to int8 (a Q4_K_M file, mostly Q4_K with some Q6_K, about 1.1x).
 
 A linear layer on a few activation rows (decode, speculative verification, mixed batches) first
 quantizes each row the way llama.cpp does for that format (8-bit blocks with an fp16 scale, plus
@@ -49,7 +50,7 @@ from numba import njit, prange
 
 from .cpu_threads import run_rows, threads
 from .fp16_round import round_half
-from .int_dot import MAX_GROUP, code16_row_dot, code16_rows, code_row_dot, code_rows, float_dot, nibble_row_dot, nibble_rows
+from .int_dot import MAX_GROUP, code16_row_dot, code16_rows, code_row_dot, code_rows, float_dot, nibble_k_row_dot, nibble_k_rows, nibble_row_dot, nibble_rows
 
 if TYPE_CHECKING:
     from .panel_linear import PanelWeight
@@ -178,12 +179,11 @@ def _plus_minimums(acc, wm, xs, n, r):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def _mm_nibbles(n0, n1, off, qs, wd, wm, x8, xd, xs, mins, xsum, out):  # pragma: no cover - compiled
-    """Output rows [n0, n1) of Q4_0 (``off`` 8, ``wm`` zero), Q4_1 (``off`` 0) and Q4_K (``off``
-    0, ``wd`` the sub-block scales, ``mins`` / ``xsum`` as ``_mm_int8``'s; ``wm`` zero); ``qs``
-    [N, K/2] bytes, ``x8`` the activation's Q8 codes [M, K] int8 in ``int_dot.NIBBLE_PAIR_ORDER``,
-    ``xd`` their scales [M, K/32]: exact integer block sums (``int_dot``), activation rows up to
-    four at a time, then the minimum terms (the two kinds: an empty array adds nothing)."""
+def _mm_nibbles(n0, n1, off, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
+    """Output rows [n0, n1) of Q4_0 (``off`` 8, ``wm`` zero) and Q4_1 (``off`` 0); ``qs`` [N, K/2]
+    bytes, ``x8`` the activation's Q8 codes [M, K] int8 in ``int_dot.NIBBLE_PAIR_ORDER``, ``xd``
+    their scales [M, K/32]: exact integer block sums (``int_dot``), activation rows up to four at a
+    time, then the minimum terms."""
     m_rows = x8.shape[0]
     blocks = wd.shape[1]
     group = np.empty(MAX_GROUP, np.float32)
@@ -197,7 +197,33 @@ def _mm_nibbles(n0, n1, off, qs, wd, wm, x8, xd, xs, mins, xsum, out):  # pragma
             else:
                 nibble_rows(w, x8[r].ctypes.data, x8.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, group.ctypes.data, size, off)
             for i in range(size):
-                out[r + i, n] = _minus_minimums(_plus_minimums(group[i], wm, xs, n, r + i), mins, xsum, n, r + i)
+                out[r + i, n] = _plus_minimums(group[i], wm, xs, n, r + i)
+            r += size
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def _mm_nibbles_k(n0, n1, qs, d, sc, dmin, mn, x8, xd, xsum, out):  # pragma: no cover - compiled
+    """Q4_K's ``_mm_nibbles``: a sub-block's scale and minimum are d * sc and dmin * mn (float32
+    products of the super-block's scales and the 6-bit ones, exact), computed where they are
+    used, so the matrix keeps the file's 4.5 bits a weight; ``xd`` the Q8_K scale per sub-block,
+    ``xsum`` as ``_mm_int8``'s."""
+    m_rows = x8.shape[0]
+    blocks = sc.shape[1]
+    group = np.empty(MAX_GROUP, np.float32)
+    for n in range(n0, n1):
+        w, dn, scn = qs[n].ctypes.data, d[n].ctypes.data, sc[n].ctypes.data
+        r = 0
+        while r < m_rows:
+            size = min(m_rows - r, MAX_GROUP)
+            if size == 1:
+                group[0] = nibble_k_row_dot(w, x8[r].ctypes.data, dn, scn, xd[r].ctypes.data, blocks)
+            else:
+                nibble_k_rows(w, x8[r].ctypes.data, x8.strides[0], dn, scn, xd[r].ctypes.data, xd.strides[0], blocks, group.ctypes.data, size)
+            for i in range(size):
+                acc = group[i]
+                for g in range(blocks):
+                    acc -= (dmin[n, g >> 3] * np.float32(mn[n, g])) * xsum[r + i, g]
+                out[r + i, n] = acc
             r += size
 
 
@@ -244,11 +270,19 @@ def _minus_minimums(acc, mins, xsum, n, r):  # pragma: no cover - compiled
 # Both loops are strict IEEE code (no fast-math), so a row's bits are the same whichever build
 # (this region's inlined copy or the serial function) computes it.
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
-def _mm_nibbles_threaded(chunks, off, qs, wd, wm, x8, xd, xs, mins, xsum, out):  # pragma: no cover - compiled
+def _mm_nibbles_threaded(chunks, off, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
     n_out = qs.shape[0]
     step = (n_out + chunks - 1) // chunks
     for c in prange(chunks):
-        _mm_nibbles(c * step, min(n_out, (c + 1) * step), off, qs, wd, wm, x8, xd, xs, mins, xsum, out)
+        _mm_nibbles(c * step, min(n_out, (c + 1) * step), off, qs, wd, wm, x8, xd, xs, out)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, parallel=True)
+def _mm_nibbles_k_threaded(chunks, qs, d, sc, dmin, mn, x8, xd, xsum, out):  # pragma: no cover - compiled
+    n_out = qs.shape[0]
+    step = (n_out + chunks - 1) // chunks
+    for c in prange(chunks):
+        _mm_nibbles_k(c * step, min(n_out, (c + 1) * step), qs, d, sc, dmin, mn, x8, xd, xsum, out)
 
 
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
@@ -376,12 +410,13 @@ def _unpack_k(type_name: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
             shifts = np.arange(8).reshape(4, 2)  # chunk c, half h -> bit 2c + h
             high = (qh[:, :, None, None, :] >> shifts[None, None, :, :, None]) & 1
             codes = codes | (high << 4)
-        scale = (d[..., None] * sc.astype(np.float32)).reshape(n, nsb * 8)
-        mins = (dmin[..., None] * mn.astype(np.float32)).reshape(n, nsb * 8)
-        if type_name == "Q4_K":  # kept as nibbles, repacked per 32-element sub-block as Q4_1's
+        if type_name == "Q4_K":  # nibbles repacked per 32-element sub-block as Q4_1's, scales as in the file
             sub = codes.reshape(n, nsb * 8, 32)
             qs = (sub[..., :16] | (sub[..., 16:] << 4)).astype(np.uint8)
-            return {"qs": qs, "scale": scale, "min": mins, "shift": 5}
+            k_scales = {"d": d, "dmin": dmin, "sc": sc.reshape(n, nsb * 8).astype(np.uint8), "mn": mn.reshape(n, nsb * 8).astype(np.uint8)}
+            return {"qs": qs, **k_scales, "shift": 5}
+        scale = (d[..., None] * sc.astype(np.float32)).reshape(n, nsb * 8)
+        mins = (dmin[..., None] * mn.astype(np.float32)).reshape(n, nsb * 8)
         q = codes.reshape(n, nsb * 256).astype(np.int8)
         return {"q": q, "scale": scale, "min": mins, "shift": 5}
     # Q6_K: ql[128], qh[64], scales int8[16], d
@@ -467,9 +502,11 @@ class QuantizedWeight:
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         if "q" in a:
             fn = lambda i0, i1: _dequant_codes(i0, i1, a["shift"], a["q"], a["scale"], a["min"], rows, out)  # noqa: E731
-        elif self.type_name == "Q4_K":
-            no_high = np.zeros((self.shape[0], 0), np.uint32)
-            fn = lambda i0, i1: _dequant_nibbles(i0, i1, 4, a["qs"], no_high, a["scale"], a["min"], rows, out)  # noqa: E731
+        elif self.type_name == "Q4_K":  # the selected rows' sub-block scales and minimums, as float32
+            qs, no_high, picked = a["qs"][rows], np.zeros((len(rows), 0), np.uint32), np.arange(len(rows))
+            scale = np.repeat(a["d"][rows], 8, axis=1) * a["sc"][rows].astype(np.float32)
+            mins = np.repeat(a["dmin"][rows], 8, axis=1) * a["mn"][rows].astype(np.float32)
+            fn = lambda i0, i1: _dequant_nibbles(i0, i1, 4, qs, no_high, scale, mins, picked, out)  # noqa: E731
         else:
             kind = BLOCK_TYPES.index(self.type_name)
             fn = lambda i0, i1: _dequant_nibbles(i0, i1, kind, a["qs"], a["qh"], a["d"], a["m"], rows, out)  # noqa: E731
@@ -500,19 +537,20 @@ class QuantizedWeight:
         xbs = np.empty((m_rows, k_dim // 16), np.int32)
         quantize_q8_k(x32, xq, xd, xbs, nibbles)
         out = np.empty((m_rows, self.shape[0]), np.float32)
-        if a["min"].shape[1]:
+        if "qs" in a or a["min"].shape[1]:
             per_group = (1 << a["shift"]) // 16
             sums = xbs.reshape(m_rows, -1, per_group).sum(-1).astype(np.float32)
             xsum = sums * np.repeat(xd, sums.shape[1] // xd.shape[1], axis=1)
         else:
             xsum = np.zeros((m_rows, 0), np.float32)
-        # the activation's scale per weight sub-block (32 elements: Q4_K / Q5_K; 16: Q6_K)
-        xd_sub = np.repeat(xd, a["scale"].shape[1] // xd.shape[1], axis=1)
         macs = m_rows * self.shape[0] * k_dim
         if nibbles:
-            qs, none = a["qs"].reshape(self.shape[0], -1), np.zeros((m_rows, 0), np.float32)
-            _in_threads(_mm_nibbles, _mm_nibbles_threaded, self.shape[0], macs, split, 0, qs, a["scale"], none, xq, xd_sub, none, a["min"], xsum, out)
+            qs, xd_sub = a["qs"].reshape(self.shape[0], -1), np.repeat(xd, 8, axis=1)
+            args = (qs, a["d"], a["sc"], a["dmin"], a["mn"], xq, xd_sub, xsum, out)
+            _in_threads(_mm_nibbles_k, _mm_nibbles_k_threaded, self.shape[0], macs, split, *args)
         else:
+            # the activation's scale per weight sub-block (32 elements: Q5_K; 16: Q6_K)
+            xd_sub = np.repeat(xd, a["scale"].shape[1] // xd.shape[1], axis=1)
             _in_threads(_mm_int8, _mm_int8_threaded, self.shape[0], macs, split, a["q"], a["scale"], a["min"], xq, xd_sub, xsum, out)
         return out
 
@@ -538,8 +576,7 @@ class QuantizedWeight:
             quantize_q8_0(x32, x8, xd, xs, True)
             off = 8 if kind == "Q4_0" else 0
             qs = a["qs"].reshape(n_out, -1)
-            none = np.zeros((n_out, 0), np.float32)
-            _in_threads(_mm_nibbles, _mm_nibbles_threaded, n_out, macs, split, off, qs, a["d"], a["m"], x8, xd, xs, none, none, out)
+            _in_threads(_mm_nibbles, _mm_nibbles_threaded, n_out, macs, split, off, qs, a["d"], a["m"], x8, xd, xs, out)
             return out
         xlo = np.empty((m_rows, k_dim // 2), np.float32)
         xhi = np.empty_like(xlo)

@@ -10,6 +10,7 @@ follows. Nothing in it names a CPU feature: any LLVM target compiles it.
     nibble_row_dot(w, x, wd, xd, blocks, off)   Q4_0 (off 8) / Q4_1 (off 0): 16 bytes a block,
                                                 element j in the low nibble of byte j, j + 16 in its high one;
                                                 ``x``: int8 codes in ``NIBBLE_PAIR_ORDER`` (below)
+    nibble_k_row_dot(w, x, d, sc, xd, blocks)   Q4_K: the same nibbles, a block's scale d * sc
     code_row_dot(w, x, wd, xd, blocks)          Q8_0, Q4_K, Q5_K: 32 int8 codes a block
     code16_row_dot(w, x, wd, xd, blocks)        Q6_K: the same with a scale per 16 elements
                                                 (``wd`` and ``xd`` hold two a block)
@@ -137,13 +138,15 @@ def _wide_codes(builder: ir.IRBuilder, base: ir.Value, index: ir.Value) -> ir.Va
 
 def _rows_dot(
     builder: ir.IRBuilder, w_addr: ir.Value, rows: list[tuple[ir.Value, ir.Value]], wd_addr: ir.Value,
-    blocks: ir.Value, nibbles: bool, off: ir.Value | None, halves: bool,
+    blocks: ir.Value, nibbles: bool, off: ir.Value | None, halves: bool, k_scales: ir.Value | None = None,
 ) -> list[ir.Value]:  # fmt: skip
     """One weight row times activation rows ``rows`` ((codes address, scales address) each): each
     weight block is loaded and unpacked once for all of them, and every row's float operations
     run in the order a row alone gets (no fast-math: its bits are its own). ``nibbles``: the
     nibble formats (``off``: their offset as a <32 x i8> splat, None for none), else int8 codes;
-    ``halves``: a scale per 16 elements (two a block)."""
+    ``halves``: a scale per 16 elements (two a block). ``k_scales``: the address of Q4_K's 6-bit
+    sub-block scales (uint8, one a block); ``wd`` then holds the super-block scale d (one per
+    eight blocks), and a block's weight scale is d * scale, as float32 (exact: 11 x 6 bits)."""
     w = builder.inttoptr(w_addr, _V16I8.as_pointer())
     wd = builder.inttoptr(wd_addr, _F32.as_pointer())
     x_type = _V32I8 if nibbles else _V16I16
@@ -152,8 +155,16 @@ def _rows_dot(
     accs = [(cgutils.alloca_once_value(builder, zero), cgutils.alloca_once_value(builder, zero)) for _ in rows]
     one = ir.Constant(blocks.type, 1)
 
+    sub_scales = builder.inttoptr(k_scales, _I8.as_pointer()) if k_scales is not None else None
+
+    def weight_scale(index: ir.Value) -> ir.Value:
+        if sub_scales is None:
+            return builder.load(builder.gep(wd, [index]))
+        d = builder.load(builder.gep(wd, [builder.ashr(index, ir.Constant(index.type, 3))]))
+        return builder.fmul(d, builder.uitofp(builder.load(builder.gep(sub_scales, [index])), _F32))
+
     def scale(xd: ir.Value, index: ir.Value) -> ir.Value:
-        product = builder.fmul(builder.load(builder.gep(wd, [index])), builder.load(builder.gep(xd, [index])))
+        product = builder.fmul(weight_scale(index), builder.load(builder.gep(xd, [index])))
         return _splat(builder, product, _V8F32)
 
     def add_block(block: ir.Value, chain: int) -> None:
@@ -263,6 +274,32 @@ def _float_dot(builder: ir.IRBuilder, args: list[ir.Value]) -> ir.Value:
     return builder.load(total)
 
 
+def _one_k_row(builder: ir.IRBuilder, args: list[ir.Value]) -> ir.Value:
+    w, x, d, sc, xd, blocks = args
+    return _rows_dot(builder, w, [(x, xd)], d, blocks, True, None, False, sc)[0]
+
+
+def _switch_k_rows(builder: ir.IRBuilder, args: list[ir.Value]) -> ir.Value:
+    """Q4_K's ``nibble_rows``: (w, x, x_step, d, sc, xd, xd_step, blocks, out, count)."""
+    w, x, x_step, d, sc, xd, xd_step, blocks, out, count = args
+    out_p = builder.inttoptr(out, _F32.as_pointer())
+    done = builder.function.append_basic_block("rows.done")
+    switch = builder.switch(count, done)
+    for n in range(2, MAX_GROUP + 1):
+        branch = builder.function.append_basic_block(f"rows.{n}")
+        switch.add_case(ir.Constant(count.type, n), branch)
+        builder.position_at_end(branch)
+        rows = [
+            (builder.add(x, builder.mul(x_step, ir.Constant(x_step.type, i))), builder.add(xd, builder.mul(xd_step, ir.Constant(xd_step.type, i))))
+            for i in range(n)
+        ]  # fmt: skip
+        for i, value in enumerate(_rows_dot(builder, w, rows, d, blocks, True, None, False, sc)):
+            builder.store(value, builder.gep(out_p, [ir.Constant(_I32, i)]))
+        builder.branch(done)
+    builder.position_at_end(done)
+    return ir.Constant(ir.IntType(64), 0)
+
+
 _ONE = (types.uintp, types.uintp, types.uintp, types.uintp, types.intp)
 _FOUR = (types.uintp, types.uintp, types.intp, types.uintp, types.uintp, types.intp, types.intp, types.uintp)
 
@@ -307,6 +344,19 @@ def _switch_rows(builder: ir.IRBuilder, args: list[ir.Value], nibbles: bool, hal
 @intrinsic
 def nibble_rows(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out, count, off):  # type: ignore[no-untyped-def]
     return types.int64(*_FOUR, types.intp, types.intp), lambda context, builder, sig, args: _switch_rows(builder, args, True, False)
+
+
+@intrinsic
+def nibble_k_row_dot(typingctx, w, x, d, sc, xd, blocks):  # type: ignore[no-untyped-def]
+    """Q4_K's ``nibble_row_dot``: ``d`` float32 per eight blocks, ``sc`` uint8 per block."""
+    sig = types.float32(types.uintp, types.uintp, types.uintp, types.uintp, types.uintp, types.intp)
+    return sig, lambda context, builder, sig, args: _one_k_row(builder, args)
+
+
+@intrinsic
+def nibble_k_rows(typingctx, w, x, x_step, d, sc, xd, xd_step, blocks, out, count):  # type: ignore[no-untyped-def]
+    sig = types.int64(types.uintp, types.uintp, types.intp, types.uintp, types.uintp, types.uintp, types.intp, types.intp, types.uintp, types.intp)
+    return sig, lambda context, builder, sig, args: _switch_k_rows(builder, args)
 
 
 @intrinsic
