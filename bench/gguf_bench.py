@@ -2,7 +2,7 @@
 
     python bench/gguf_bench.py [--engines formcast-gguf,formcast-hf,llama.cpp] [--threads 2]
                                [--decode-tokens 64] [--prefill-tokens 512] [--records 24]
-                               [--max-new-tokens 128]
+                               [--max-new-tokens 128] [--random-1b Q4_0,Q8_0]
 
 The embedded SmolLM2-135M-Instruct: ``formcast-gguf`` loads its Q4_1 GGUF directly (Q4_1
 matrices, the Q8_0 embedding used as the head); ``formcast-hf`` runs the fp32 folder converted
@@ -23,6 +23,14 @@ threads, greedy:
   (batch -> tensors), forward, mask wait (the grammar's mask worker), sample (mask applied,
   sampling), process (outputs, finish checks), and other (wall time outside the step loop:
   waiting for the request, handing results to the caller), ms per step.
+
+The bandwidth-bound half of the benchmark: ``--random-1b Q4_0,Q8_0`` writes a random-weight
+Llama-shaped model of about 1B parameters (22 layers, hidden 2048, GQA 32/4, the tests' 259-token
+byte vocabulary) in each type with ``gguf.quants`` (cached under ``~/.cache/formcast/bench``), and
+runs batch-1 decode and a ``--prefill-tokens`` prefill on formcast and on llama.cpp with its
+default CPU buffers (weights repacked where llama.cpp does that for the type), each in its own
+process, plus the share of the memory-bandwidth bound: file bytes per token over the bandwidth of
+a 1 GB float32 ``torch.mv`` measured in the same run.
 
 Ratios are against llama.cpp in the same run. Not collected by pytest.
 """
@@ -176,6 +184,136 @@ def run_llama_cpp(args: argparse.Namespace) -> dict[str, Any]:
             "valid": sum(_valid(x) for x in texts), "records": len(texts), "peak_rss_mb": _peak_rss_mb()}  # fmt: skip
 
 
+# --------------------------------------------------------------------------- a random 1B model
+
+LLAMA_1B = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                num_key_value_heads=4, max_position_embeddings=2048)  # fmt: skip
+
+
+def random_1b_file(type_name: str) -> Path:
+    """The random Llama-shaped ~1B model as a ``type_name`` GGUF (written once, then cached)."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from gguf_files import TINY, write_gguf
+
+    path = Path.home() / ".cache" / "formcast" / "bench" / f"llama-1b-random-{type_name}.gguf"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    c = {**TINY, **LLAMA_1B}
+    hidden, ffn, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    kv = c["num_key_value_heads"] * hidden // c["num_attention_heads"]
+    rng = np.random.default_rng(0)
+
+    def normal(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+
+    state = {"model.embed_tokens.weight": normal(vocab, hidden)}
+    for i in range(c["num_hidden_layers"]):
+        layer = f"model.layers.{i}."
+        for name, shape in (("self_attn.q_proj", (hidden, hidden)), ("self_attn.k_proj", (kv, hidden)), ("self_attn.v_proj", (kv, hidden)),
+                            ("self_attn.o_proj", (hidden, hidden)), ("mlp.gate_proj", (ffn, hidden)), ("mlp.up_proj", (ffn, hidden)),
+                            ("mlp.down_proj", (hidden, ffn))):  # fmt: skip
+            state[layer + name + ".weight"] = normal(*shape)
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            state[layer + norm + ".weight"] = rng.uniform(0.5, 1.5, hidden).astype(np.float32)
+    state["model.norm.weight"] = np.ones(hidden, np.float32)
+    state["lm_head.weight"] = normal(vocab, hidden)
+    partial = path.with_suffix(".partial")
+    write_gguf(partial, state, qtype=type_name, config=c)
+    partial.rename(path)
+    return path
+
+
+def gemv_bandwidth_gbs(threads: int) -> float:
+    """Bytes per second of a 1 GB float32 ``torch.mv`` (best of five): what a bandwidth-bound
+    decode step can stream on this machine with ``threads`` threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+    matrix, vector = torch.randn(16384, 16384), torch.randn(16384)
+    torch.mv(matrix, vector)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        torch.mv(matrix, vector)
+        best = min(best, time.perf_counter() - t)
+    return matrix.numel() * 4 / best / 1e9
+
+
+def _byte_prompt(count: int) -> list[int]:
+    text = (" ".join(["The lighthouse keeper watched the sea."] * 200)).encode()
+    return list(text[:count])  # the tiny vocabulary's first 256 ids are the bytes
+
+
+def run_formcast_file(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from engine import Engine
+
+    torch.set_num_threads(args.threads)
+    eng = Engine(path, num_threads=args.threads, max_total_tokens=4096, max_running_requests=4)
+    greedy = {"temperature": 0.0, "ignore_eos": True}
+    try:
+        eng.generate(input_ids=_byte_prompt(16), sampling_params={**greedy, "max_new_tokens": 4})
+        t = time.perf_counter()
+        out = eng.generate(input_ids=_byte_prompt(24), sampling_params={**greedy, "max_new_tokens": args.decode_tokens})
+        decode = out["meta_info"]["completion_tokens"] / (time.perf_counter() - t)
+        ids = _byte_prompt(args.prefill_tokens)
+        t = time.perf_counter()
+        eng.generate(input_ids=ids, sampling_params={**greedy, "max_new_tokens": 1})
+        prefill = len(ids) / (time.perf_counter() - t)
+    finally:
+        eng.shutdown()
+    return {"decode_tps": decode, "prefill_tps": prefill, "peak_rss_mb": _peak_rss_mb()}
+
+
+def run_llama_cpp_file(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=path, n_ctx=2048, n_batch=512, n_threads=args.threads, verbose=False)
+    eos = llm.token_eos()
+
+    def no_eos(_ids: Any, logits: Any) -> Any:
+        logits[eos] = -np.inf
+        return logits
+
+    llm.create_completion(_byte_prompt(16), max_tokens=4, temperature=0.0, logits_processor=[no_eos])
+    t = time.perf_counter()
+    out = llm.create_completion(_byte_prompt(24), max_tokens=args.decode_tokens, temperature=0.0, logits_processor=[no_eos])
+    decode = out["usage"]["completion_tokens"] / (time.perf_counter() - t)
+    ids = _byte_prompt(args.prefill_tokens)
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(ids)
+    prefill = len(ids) / (time.perf_counter() - t)
+    return {"decode_tps": decode, "prefill_tps": prefill, "peak_rss_mb": _peak_rss_mb()}
+
+
+def random_1b_report(args: argparse.Namespace) -> None:
+    bandwidth = gemv_bandwidth_gbs(args.threads)
+    print(f"# {machine_line()}; {args.threads} threads; random Llama-shaped ~1B models; "
+          f"float32 GEMV bandwidth {bandwidth:.1f} GB/s\n")  # fmt: skip
+    rows = []
+    for type_name in args.random_1b.split(","):
+        path = random_1b_file(type_name)
+        size_gb = path.stat().st_size / 1e9
+        results = {name: _child(f"{name}={path}", args) for name in ("formcast", "llama.cpp")}
+        for name, r in results.items():
+            if "error" in r:
+                rows.append([type_name, name, r["error"], "", "", "", ""])
+                continue
+            share = r["decode_tps"] * size_gb / bandwidth
+            rows.append([type_name, name, f"{r['decode_tps']:.2f}", f"{share:.0%}", f"{r['prefill_tps']:.1f}", f"{r['peak_rss_mb']:.0f}", f"{size_gb:.2f}"])
+        a, b = results["formcast"], results["llama.cpp"]
+        if "decode_tps" in a and "decode_tps" in b:
+            rows.append([type_name, "formcast / llama.cpp", ratio(a["decode_tps"], b["decode_tps"]), "", ratio(a["prefill_tps"], b["prefill_tps"]), "", ""])
+    header = ["type", "engine", "batch-1 decode tok/s", "of the bandwidth bound", f"prefill tok/s ({args.prefill_tokens})", "peak RSS MB", "file GB"]
+    print(markdown_table(header, rows))
+
+
 # --------------------------------------------------------------------------- driver
 
 
@@ -197,11 +335,19 @@ def main() -> None:
     ap.add_argument("--prefill-tokens", type=int, default=512)
     ap.add_argument("--records", type=int, default=24)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--random-1b", default="", help="types of the random ~1B model to run instead, e.g. Q4_0,Q8_0")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        result = run_llama_cpp(args) if args.child == "llama.cpp" else run_formcast(args.child, args)
+        name, _, path = args.child.partition("=")
+        if path:
+            result = run_llama_cpp_file(path, args) if name == "llama.cpp" else run_formcast_file(path, args)
+        else:
+            result = run_llama_cpp(args) if name == "llama.cpp" else run_formcast(name, args)
         print(json.dumps(result))
+        return
+    if args.random_1b:
+        random_1b_report(args)
         return
     results = {name: _child(name, args) for name in args.engines.split(",")}
     anchor = results.get("llama.cpp", {})

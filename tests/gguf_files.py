@@ -66,12 +66,13 @@ def tiny_state(model) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
     return {k: v.detach().float().numpy().copy() for k, v in model.state_dict().items()}
 
 
-def write_gguf(path: Path, state: dict[str, np.ndarray], qtype: str | None = None, pre: str = "default") -> None:
+def write_gguf(path: Path, state: dict[str, np.ndarray], qtype: str | None = None, pre: str = "default", config: dict | None = None) -> None:  # type: ignore[type-arg]
     """``state``: transformers names -> float32 arrays; ``qtype``: encode the matrices with
-    ``gguf.quants`` (embeddings and head included), else F32."""
+    ``gguf.quants`` (embeddings and head included), else F32. ``config``: the shape (``TINY``'s
+    keys; the tokenizer is always the tiny one, so its vocabulary size stays ``TINY``'s)."""
     import gguf
 
-    c = TINY
+    c = config or TINY
     heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("formcast-tiny")
