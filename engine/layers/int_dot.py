@@ -227,8 +227,11 @@ def _one_row(builder: ir.IRBuilder, args: list[ir.Value], nibbles: bool = False,
     return builder.load(result)
 
 
-def _group_rows(builder: ir.IRBuilder, args: list[ir.Value], count: int, nibbles: bool = False, halves: bool = False) -> ir.Value:
-    """Rows at x + i * x_step and xd + i * xd_step (bytes), i < ``count``; results stored at ``out``."""
+def _group_rows(
+    builder: ir.IRBuilder, args: list[ir.Value], count: int, nibbles: bool = False, halves: bool = False, k_scales: ir.Value | None = None,
+) -> None:  # fmt: skip
+    """Rows at x + i * x_step and xd + i * xd_step (bytes), i < ``count``; results stored at ``out``
+    (``args``: w, x, x_step, wd, xd, xd_step, blocks, out, and the nibble offset where there is one)."""
     w, x, x_step, wd, xd, xd_step, blocks, out = args[:8]
     rows = []
     for i in range(count):
@@ -237,14 +240,13 @@ def _group_rows(builder: ir.IRBuilder, args: list[ir.Value], count: int, nibbles
     out_p = builder.inttoptr(out, _F32.as_pointer())
 
     def store(off: ir.Value | None) -> None:
-        for i, value in enumerate(_rows_dot(builder, w, rows, wd, blocks, nibbles, off, halves)):
+        for i, value in enumerate(_rows_dot(builder, w, rows, wd, blocks, nibbles, off, halves, k_scales)):
             builder.store(value, builder.gep(out_p, [ir.Constant(_I32, i)]))
 
-    if nibbles:
+    if nibbles and k_scales is None:
         _by_offset(builder, args[8], store)
     else:
         store(None)
-    return ir.Constant(ir.IntType(64), 0)
 
 
 def _float_dot(builder: ir.IRBuilder, args: list[ir.Value]) -> ir.Value:
@@ -279,27 +281,6 @@ def _one_k_row(builder: ir.IRBuilder, args: list[ir.Value]) -> ir.Value:
     return _rows_dot(builder, w, [(x, xd)], d, blocks, True, None, False, sc)[0]
 
 
-def _switch_k_rows(builder: ir.IRBuilder, args: list[ir.Value]) -> ir.Value:
-    """Q4_K's ``nibble_rows``: (w, x, x_step, d, sc, xd, xd_step, blocks, out, count)."""
-    w, x, x_step, d, sc, xd, xd_step, blocks, out, count = args
-    out_p = builder.inttoptr(out, _F32.as_pointer())
-    done = builder.function.append_basic_block("rows.done")
-    switch = builder.switch(count, done)
-    for n in range(2, MAX_GROUP + 1):
-        branch = builder.function.append_basic_block(f"rows.{n}")
-        switch.add_case(ir.Constant(count.type, n), branch)
-        builder.position_at_end(branch)
-        rows = [
-            (builder.add(x, builder.mul(x_step, ir.Constant(x_step.type, i))), builder.add(xd, builder.mul(xd_step, ir.Constant(xd_step.type, i))))
-            for i in range(n)
-        ]  # fmt: skip
-        for i, value in enumerate(_rows_dot(builder, w, rows, d, blocks, True, None, False, sc)):
-            builder.store(value, builder.gep(out_p, [ir.Constant(_I32, i)]))
-        builder.branch(done)
-    builder.position_at_end(done)
-    return ir.Constant(ir.IntType(64), 0)
-
-
 _ONE = (types.uintp, types.uintp, types.uintp, types.uintp, types.intp)
 _FOUR = (types.uintp, types.uintp, types.intp, types.uintp, types.uintp, types.intp, types.intp, types.uintp)
 
@@ -324,18 +305,16 @@ def code16_row_dot(typingctx, w, x, wd, xd, blocks):  # type: ignore[no-untyped-
 MAX_GROUP = 4
 
 
-def _switch_rows(builder: ir.IRBuilder, args: list[ir.Value], nibbles: bool, halves: bool) -> ir.Value:
-    """``_group_rows`` of ``count`` (args[8]) rows, 2 <= count <= MAX_GROUP, each count compiled
-    as its own branch (the row count sizes the registers); another count does nothing."""
-    count = args[8]
-    rest = args[:8] + args[9:]  # the nibble offset, where there is one, follows the count
+def _switch_rows(builder: ir.IRBuilder, count: ir.Value, group) -> ir.Value:  # type: ignore[no-untyped-def]
+    """``group(n)`` (one ``_group_rows``) for ``count`` rows, 2 <= count <= MAX_GROUP, each count
+    compiled as its own branch (the row count sizes the registers); another count does nothing."""
     done = builder.function.append_basic_block("rows.done")
     switch = builder.switch(count, done)
     for n in range(2, MAX_GROUP + 1):
         branch = builder.function.append_basic_block(f"rows.{n}")
         switch.add_case(ir.Constant(count.type, n), branch)
         builder.position_at_end(branch)
-        _group_rows(builder, rest, n, nibbles, halves)
+        group(n)
         builder.branch(done)
     builder.position_at_end(done)
     return ir.Constant(ir.IntType(64), 0)
@@ -343,7 +322,7 @@ def _switch_rows(builder: ir.IRBuilder, args: list[ir.Value], nibbles: bool, hal
 
 @intrinsic
 def nibble_rows(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out, count, off):  # type: ignore[no-untyped-def]
-    return types.int64(*_FOUR, types.intp, types.intp), lambda context, builder, sig, args: _switch_rows(builder, args, True, False)
+    return types.int64(*_FOUR, types.intp, types.intp), lambda context, builder, sig, args: _switch_rows(builder, args[8], lambda n: _group_rows(builder, args[:8] + args[9:], n, nibbles=True))
 
 
 @intrinsic
@@ -356,17 +335,21 @@ def nibble_k_row_dot(typingctx, w, x, d, sc, xd, blocks):  # type: ignore[no-unt
 @intrinsic
 def nibble_k_rows(typingctx, w, x, x_step, d, sc, xd, xd_step, blocks, out, count):  # type: ignore[no-untyped-def]
     sig = types.int64(types.uintp, types.uintp, types.intp, types.uintp, types.uintp, types.uintp, types.intp, types.intp, types.uintp, types.intp)
-    return sig, lambda context, builder, sig, args: _switch_k_rows(builder, args)
+    def lower(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        w, x, x_step, d, sc, xd, xd_step, blocks, out, count = args
+        return _switch_rows(builder, count, lambda n: _group_rows(builder, [w, x, x_step, d, xd, xd_step, blocks, out], n, nibbles=True, k_scales=sc))
+
+    return sig, lower
 
 
 @intrinsic
 def code_rows(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out, count):  # type: ignore[no-untyped-def]
-    return types.int64(*_FOUR, types.intp), lambda context, builder, sig, args: _switch_rows(builder, args, False, False)
+    return types.int64(*_FOUR, types.intp), lambda context, builder, sig, args: _switch_rows(builder, args[8], lambda n: _group_rows(builder, args[:8], n))
 
 
 @intrinsic
 def code16_rows(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out, count):  # type: ignore[no-untyped-def]
-    return types.int64(*_FOUR, types.intp), lambda context, builder, sig, args: _switch_rows(builder, args, False, True)
+    return types.int64(*_FOUR, types.intp), lambda context, builder, sig, args: _switch_rows(builder, args[8], lambda n: _group_rows(builder, args[:8], n, halves=True))
 
 
 @intrinsic
