@@ -1,4 +1,4 @@
-"""formcast.engine: composes ``grammar`` (constraints -> masks) and ``kernels`` (masks -> logits)
+"""formcast.engine: composes ``grammar`` (constraints -> masks) and ``formcast_kernels`` (masks -> logits)
 into a batched generation engine.
 
 Data flow::

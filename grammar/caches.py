@@ -10,7 +10,7 @@ Every cache a module keeps for the life of the process is a named table of ``CAC
   (``json_schema/refs``), the ``transformers`` processor's grammar backend per vocabulary
   (``engine/hf/processor.py``);
 * outside this package, cleared by a function their user registers with ``on_clear`` (setup as
-  well): the bitmask kernels' workspaces (``kernels`` cannot import ``grammar``).
+  well): the bitmask kernels' workspaces (``formcast_kernels`` cannot import ``grammar``).
 
 ``clear(keep_setup=True)`` empties the per-constraint tables only: a compile after it measures the
 constraint alone, not the one-time setup (the benchmarks' TTFM). A module keeps its own lock
