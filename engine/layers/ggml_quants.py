@@ -159,7 +159,7 @@ def quantize_q8_k(x, xq, xd, xbs, pair_order=False):  # pragma: no cover - compi
 
 
 # --------------------------------------------------------------------------- dot-product loops
-# The integer loops (``_mm_nibbles``, ``_mm_int8``) call ``int_dot`` once per (output, activation
+# The integer loops (``_mm_q4_0`` / ``_mm_q4_1``, ``_mm_nibbles_k``, ``_mm_int8``) call ``int_dot`` once per (output, activation
 # row). The float loop (Q5_0 / Q5_1) is one flat loop over the row's codes: code * its
 # block's scale * the dequantized activation code (``x`` = activation code * its fp16 scale), i.e.
 # sum_b d_w d_x (sum of code products) regrouped into one reduction that LLVM vectorizes. The
@@ -178,12 +178,13 @@ def _plus_minimums(acc, wm, xs, n, r):  # pragma: no cover - compiled
     return acc + float_dot(wm[n].ctypes.data, xs[r].ctypes.data, wm.shape[1])
 
 
-@njit(nogil=True, cache=True, boundscheck=False)
-def _mm_nibbles(n0, n1, off, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
+@njit(inline="always", boundscheck=False)
+def _nibble_rows_of(n0, n1, off, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
     """Output rows [n0, n1) of Q4_0 (``off`` 8, ``wm`` zero) and Q4_1 (``off`` 0); ``qs`` [N, K/2]
     bytes, ``x8`` the activation's Q8 codes [M, K] int8 in ``int_dot.NIBBLE_PAIR_ORDER``, ``xd``
     their scales [M, K/32]: exact integer block sums (``int_dot``), activation rows up to four at a
-    time, then the minimum terms."""
+    time, then the minimum terms. Inlined into one loop per format with ``off`` a constant, so LLVM
+    drops the other format's copy of the integer loops before generating code."""
     m_rows = x8.shape[0]
     blocks = wd.shape[1]
     group = np.empty(MAX_GROUP, np.float32)
@@ -202,8 +203,18 @@ def _mm_nibbles(n0, n1, off, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover -
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
+def _mm_q4_0(n0, n1, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
+    _nibble_rows_of(n0, n1, 8, qs, wd, wm, x8, xd, xs, out)
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def _mm_q4_1(n0, n1, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
+    _nibble_rows_of(n0, n1, 0, qs, wd, wm, x8, xd, xs, out)
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
 def _mm_nibbles_k(n0, n1, qs, d, sc, dmin, mn, x8, xd, xsum, out):  # pragma: no cover - compiled
-    """Q4_K's ``_mm_nibbles``: a sub-block's scale and minimum are d * sc and dmin * mn (float32
+    """Q4_K's nibble loop (``_nibble_rows_of``): a sub-block's scale and minimum are d * sc and dmin * mn (float32
     products of the super-block's scales and the 6-bit ones, exact), computed where they are
     used, so the matrix keeps the file's 4.5 bits a weight; ``xd`` the Q8_K scale per sub-block,
     ``xsum`` as ``_mm_int8``'s."""
@@ -232,7 +243,7 @@ def _mm_int8(n0, n1, q, scale, mins, x16, xd, xsum, out):  # pragma: no cover - 
     """Output rows [n0, n1) of int8 codes [N, K] with a scale per 32-element sub-block (Q8_0, and
     Q4_K / Q5_K, whose sub-block minimums times the activation's sub-block sums ``xsum`` are
     subtracted) or per 16 (Q6_K: ``scale`` [N, K/16]); ``xd``: the activation's scale per
-    sub-block, the weight's layout. Activation rows up to four at a time, as ``_mm_nibbles``."""
+    sub-block, the weight's layout. Activation rows up to four at a time, as the nibble loops."""
     m_rows = x16.shape[0]
     halves = scale.shape[1] * 32 == q.shape[1] * 2
     blocks = q.shape[1] // 32
@@ -270,11 +281,21 @@ def _minus_minimums(acc, mins, xsum, n, r):  # pragma: no cover - compiled
 # Both loops are strict IEEE code (no fast-math), so a row's bits are the same whichever build
 # (this region's inlined copy or the serial function) computes it.
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
-def _mm_nibbles_threaded(chunks, off, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
-    n_out = qs.shape[0]
-    step = (n_out + chunks - 1) // chunks
+def _mm_q4_0_threaded(chunks, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
+    step = (qs.shape[0] + chunks - 1) // chunks
     for c in prange(chunks):
-        _mm_nibbles(c * step, min(n_out, (c + 1) * step), off, qs, wd, wm, x8, xd, xs, out)
+        _mm_q4_0(c * step, min(qs.shape[0], (c + 1) * step), qs, wd, wm, x8, xd, xs, out)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, parallel=True)
+def _mm_q4_1_threaded(chunks, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
+    step = (qs.shape[0] + chunks - 1) // chunks
+    for c in prange(chunks):
+        _mm_q4_1(c * step, min(qs.shape[0], (c + 1) * step), qs, wd, wm, x8, xd, xs, out)
+
+
+# Q4_0, Q4_1: (serial loop, threaded loop)
+_NIBBLE_LOOPS = {"Q4_0": (_mm_q4_0, _mm_q4_0_threaded), "Q4_1": (_mm_q4_1, _mm_q4_1_threaded)}
 
 
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
@@ -574,9 +595,8 @@ class QuantizedWeight:
             x8 = np.empty((m_rows, k_dim), np.int8)
             xd = np.empty_like(xs)
             quantize_q8_0(x32, x8, xd, xs, True)
-            off = 8 if kind == "Q4_0" else 0
             qs = a["qs"].reshape(n_out, -1)
-            _in_threads(_mm_nibbles, _mm_nibbles_threaded, n_out, macs, split, off, qs, a["d"], a["m"], x8, xd, xs, out)
+            _in_threads(*_NIBBLE_LOOPS[kind], n_out, macs, split, qs, a["d"], a["m"], x8, xd, xs, out)
             return out
         xlo = np.empty((m_rows, k_dim // 2), np.float32)
         xhi = np.empty_like(xlo)
