@@ -1,4 +1,4 @@
-"""engine.layers.int_dot: ggml's 32-element block dot products as int16 multiply-adds in LLVM IR.
+"""engine.layers.int_dot: ggml's 32-element block dot products as integer multiply-adds in LLVM IR.
 
 - With unit scales the float result of every block count (odd ones take the tail) is the exact
   integer sum numpy computes in int64, over the whole int8 / nibble range (the largest pair
@@ -35,8 +35,13 @@ def _nibble_rows_compiled(qs, x, wd, xd, off):  # pragma: no cover - compiled
     return out
 
 
+def _code_rows(q, x, wd, xd):
+    """Activation codes (the test's data, int16) as the products read them: int8."""
+    return _code_rows_compiled(q, x.astype(np.int8), wd, xd)
+
+
 @njit(cache=False)
-def _code_rows(q, x, wd, xd):  # pragma: no cover - compiled
+def _code_rows_compiled(q, x, wd, xd):  # pragma: no cover - compiled
     """A scale per 32 codes (``code_row_dot``), or per 16 where ``wd`` has twice the columns."""
     out = np.empty((x.shape[0], q.shape[0]), np.float32)
     blocks = q.shape[1] // 32

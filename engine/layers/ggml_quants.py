@@ -82,7 +82,7 @@ def _block_amax(x, r, b):  # pragma: no cover - compiled
 
 @njit(nogil=True, cache=True, boundscheck=False)
 def quantize_q8_0(x, xq, xd, xs, pair_order=False):  # pragma: no cover - compiled
-    """Rows of ``x`` [M, K] into 32-element blocks: codes ``xq`` [M, K] (int8 or int16), fp16-rounded
+    """Rows of ``x`` [M, K] into 32-element blocks: int8 codes ``xq`` [M, K], fp16-rounded
     scales ``xd`` [M, K/32], and ``xs`` = fp16(d * sum of codes) (Q8_1's block sum; ignored by
     Q8_0). ``pair_order``: each block's codes in ``int_dot.NIBBLE_PAIR_ORDER`` (element j < 16 at
     2j, element 16 + j at 2j + 1), the order the nibble formats' products read."""
@@ -239,12 +239,12 @@ def _mm_nibbles_k(n0, n1, qs, d, sc, dmin, mn, x8, xd, xsum, out):  # pragma: no
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def _mm_int8(n0, n1, q, scale, mins, x16, xd, xsum, out):  # pragma: no cover - compiled
+def _mm_int8(n0, n1, q, scale, mins, x8, xd, xsum, out):  # pragma: no cover - compiled
     """Output rows [n0, n1) of int8 codes [N, K] with a scale per 32-element sub-block (Q8_0, and
     Q4_K / Q5_K, whose sub-block minimums times the activation's sub-block sums ``xsum`` are
     subtracted) or per 16 (Q6_K: ``scale`` [N, K/16]); ``xd``: the activation's scale per
     sub-block, the weight's layout. Activation rows up to four at a time, as the nibble loops."""
-    m_rows = x16.shape[0]
+    m_rows = x8.shape[0]
     halves = scale.shape[1] * 32 == q.shape[1] * 2
     blocks = q.shape[1] // 32
     group = np.empty(MAX_GROUP, np.float32)
@@ -253,13 +253,13 @@ def _mm_int8(n0, n1, q, scale, mins, x16, xd, xsum, out):  # pragma: no cover - 
         r = 0
         while r < m_rows:
             size = min(m_rows - r, MAX_GROUP)
-            x, x_scale, g = x16[r].ctypes.data, xd[r].ctypes.data, group.ctypes.data
+            x, x_scale, g = x8[r].ctypes.data, xd[r].ctypes.data, group.ctypes.data
             if size == 1:
                 group[0] = code16_row_dot(w, x, s, x_scale, blocks) if halves else code_row_dot(w, x, s, x_scale, blocks)
             elif halves:
-                code16_rows(w, x, x16.strides[0], s, x_scale, xd.strides[0], blocks, g, size)
+                code16_rows(w, x, x8.strides[0], s, x_scale, xd.strides[0], blocks, g, size)
             else:
-                code_rows(w, x, x16.strides[0], s, x_scale, xd.strides[0], blocks, g, size)
+                code_rows(w, x, x8.strides[0], s, x_scale, xd.strides[0], blocks, g, size)
             for i in range(size):
                 out[r + i, n] = _minus_minimums(group[i], mins, xsum, n, r + i)
             r += size
@@ -307,11 +307,11 @@ def _mm_nibbles_k_threaded(chunks, qs, d, sc, dmin, mn, x8, xd, xsum, out):  # p
 
 
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
-def _mm_int8_threaded(chunks, q, scale, mins, x16, xd, xsum, out):  # pragma: no cover - compiled
+def _mm_int8_threaded(chunks, q, scale, mins, x8, xd, xsum, out):  # pragma: no cover - compiled
     n_out = q.shape[0]
     step = (n_out + chunks - 1) // chunks
     for c in prange(chunks):
-        _mm_int8(c * step, min(n_out, (c + 1) * step), q, scale, mins, x16, xd, xsum, out)
+        _mm_int8(c * step, min(n_out, (c + 1) * step), q, scale, mins, x8, xd, xsum, out)
 
 
 # Below this many multiply-adds a product runs on the calling thread (a parallel region costs a
@@ -552,8 +552,7 @@ class QuantizedWeight:
         k_dim = self.shape[1]
         a = self.arrays
         nibbles = "qs" in a  # Q4_K
-        # int8 codes in the nibble loop's order, or kept wide for the int16 loops
-        xq = np.empty((m_rows, k_dim), np.int8 if nibbles else np.int16)
+        xq = np.empty((m_rows, k_dim), np.int8)  # in the nibble loop's order for Q4_K
         xd = np.empty((m_rows, k_dim // QK_K), np.float32)
         xbs = np.empty((m_rows, k_dim // 16), np.int32)
         quantize_q8_k(x32, xq, xd, xbs, nibbles)
@@ -585,11 +584,11 @@ class QuantizedWeight:
         xs = np.empty((m_rows, k_dim // QK), np.float32)
         macs = m_rows * n_out * k_dim
         if kind == "Q8_0":
-            x16 = np.empty((m_rows, k_dim), np.int16)
+            x8 = np.empty((m_rows, k_dim), np.int8)
             xd = np.empty_like(xs)
-            quantize_q8_0(x32, x16, xd, xs)
+            quantize_q8_0(x32, x8, xd, xs)
             no_sums = np.zeros((m_rows, 0), np.float32)
-            _in_threads(_mm_int8, _mm_int8_threaded, n_out, macs, split, a["q"], a["scale"], a["min"], x16, xd, no_sums, out)
+            _in_threads(_mm_int8, _mm_int8_threaded, n_out, macs, split, a["q"], a["scale"], a["min"], x8, xd, no_sums, out)
             return out
         if kind in ("Q4_0", "Q4_1"):
             x8 = np.empty((m_rows, k_dim), np.int8)

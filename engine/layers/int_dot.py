@@ -18,7 +18,7 @@ follows. Nothing in it names a CPU feature: any LLVM target compiles it.
     float_dot(a, b, n)                          sum_i a[i] * b[i] of float32 rows (the minimum terms
                                                 of the formats with one)
 
-``w``, ``x`` (the activation's codes as int16, 32 a block; int8 for the nibble formats), ``wd``,
+``w``, ``x`` (the activation's int8 codes, 32 a block), ``wd``,
 ``xd`` (float32 scales, one a block) are addresses of one row (``arr[n].ctypes.data``). The result is
 sum_b (wd[b] * xd[b]) * sum_j w_bj * x_bj, accumulated in eight float lanes by two accumulators
 (even and odd blocks: two independent chains) and summed in a fixed pairwise order, with no
@@ -131,11 +131,6 @@ def _codes(builder: ir.IRBuilder, base: ir.Value, index: ir.Value) -> ir.Value:
     return builder.sext(builder.load(builder.gep(base, [index]), align=1), _V16I16)
 
 
-def _wide_codes(builder: ir.IRBuilder, base: ir.Value, index: ir.Value) -> ir.Value:
-    """16 int16 codes at ``base`` + 16 * ``index``."""
-    return builder.load(builder.gep(base, [index]), align=2)
-
-
 def _rows_dot(
     builder: ir.IRBuilder, w_addr: ir.Value, rows: list[tuple[ir.Value, ir.Value]], wd_addr: ir.Value,
     blocks: ir.Value, nibbles: bool, off: ir.Value | None, halves: bool, k_scales: ir.Value | None = None,
@@ -149,7 +144,7 @@ def _rows_dot(
     eight blocks), and a block's weight scale is d * scale, as float32 (exact: 11 x 6 bits)."""
     w = builder.inttoptr(w_addr, _V16I8.as_pointer())
     wd = builder.inttoptr(wd_addr, _F32.as_pointer())
-    x_type = _V32I8 if nibbles else _V16I16
+    x_type = _V32I8 if nibbles else _V16I8
     xs = [(builder.inttoptr(x, x_type.as_pointer()), builder.inttoptr(xd, _F32.as_pointer())) for x, xd in rows]
     zero = ir.Constant(_V8F32, [0.0] * 8)
     accs = [(cgutils.alloca_once_value(builder, zero), cgutils.alloca_once_value(builder, zero)) for _ in rows]
@@ -191,8 +186,8 @@ def _rows_dot(
             return
         w_lo, w_hi = _codes(builder, w, two), _codes(builder, w, builder.add(two, one))
         for r, ((x, xd), acc) in enumerate(zip(xs, accs)):
-            lo = _madd(builder, w_lo, _wide_codes(builder, x, two))
-            hi = _madd(builder, w_hi, _wide_codes(builder, x, builder.add(two, one)))
+            lo = _madd(builder, w_lo, _codes(builder, x, two))
+            hi = _madd(builder, w_hi, _codes(builder, x, builder.add(two, one)))
             if halves:
                 block_sum = builder.fadd(
                     builder.fmul(builder.sitofp(lo, _V8F32), scale(xd, two)),
