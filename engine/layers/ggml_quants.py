@@ -586,7 +586,7 @@ class QuantizedWeight:
         if kind == "Q8_0":
             x8 = np.empty((m_rows, k_dim), np.int8)
             xd = np.empty_like(xs)
-            quantize_q8_0(x32, x8, xd, xs)
+            quantize_q8_0(x32, x8, xd, xs, False)  # the flag passed, not omitted: one compiled signature
             no_sums = np.zeros((m_rows, 0), np.float32)
             _in_threads(_mm_int8, _mm_int8_threaded, n_out, macs, split, a["q"], a["scale"], a["min"], x8, xd, no_sums, out)
             return out
