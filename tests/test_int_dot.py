@@ -18,12 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from engine.layers.int_dot import code16_row_dot, code_row_dot, float_dot, nibble_activation_codes, nibble_row_dot
+from engine.layers.int_dot import code16_row_dot, code_row_dot, float_dot, nibble_activation_codes, nibble_row_dot, nibble_weight_bytes
 
 
 def _nibble_rows(qs, x, wd, xd, off):
-    """Activation codes in element order (the test's data), stored as the nibble products read them."""
-    return _nibble_rows_compiled(qs, nibble_activation_codes(x), wd, xd, off)
+    """Nibbles in ggml's layout and activation codes in element order (the test's data), both
+    stored as the nibble products read them."""
+    return _nibble_rows_compiled(nibble_weight_bytes(qs), nibble_activation_codes(x), wd, xd, off)
 
 
 @njit(cache=False)

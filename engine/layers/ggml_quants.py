@@ -50,7 +50,10 @@ from numba import njit, prange
 
 from .cpu_threads import run_rows, threads
 from .fp16_round import round_half
-from .int_dot import MAX_GROUP, code16_row_dot, code16_rows, code_row_dot, code_rows, float_dot, nibble_k_row_dot, nibble_k_rows, nibble_row_dot, nibble_rows
+from .int_dot import (
+    MAX_GROUP, NIBBLE_HIGH_ELEMENTS, NIBBLE_LOW_ELEMENTS, code16_row_dot, code16_rows, code_row_dot, code_rows, float_dot,
+    nibble_k_row_dot, nibble_k_rows, nibble_row_dot, nibble_rows, nibble_weight_bytes,
+)  # fmt: skip
 
 if TYPE_CHECKING:
     from .panel_linear import PanelWeight
@@ -368,21 +371,24 @@ def _dequant_nibbles(i0, i1, kind, qs, qh, wd, wm, rows, out):  # pragma: no cov
                 v = np.int32(qs[n, b, j])
                 lo = v & 15
                 hi = v >> 4
-                if fifth:
+                if fifth:  # Q5_x keep the file's layout: element j low, j + 16 high
                     lo |= np.int32(((h >> j) & 1) << 4)
                     hi |= np.int32(((h >> (j + 16)) & 1) << 4)
+                    e_lo, e_hi = b * 32 + j, b * 32 + j + 16
+                else:  # the 4-bit formats: ``int_dot.nibble_weight_bytes``' layout
+                    e_lo, e_hi = b * 32 + NIBBLE_LOW_ELEMENTS[j], b * 32 + NIBBLE_HIGH_ELEMENTS[j]
                 if kind == 0:
-                    out[i, b * 32 + j] = np.float32(lo - 8) * d
-                    out[i, b * 32 + j + 16] = np.float32(hi - 8) * d
+                    out[i, e_lo] = np.float32(lo - 8) * d
+                    out[i, e_hi] = np.float32(hi - 8) * d
                 elif kind == 2:
-                    out[i, b * 32 + j] = np.float32(lo - 16) * d
-                    out[i, b * 32 + j + 16] = np.float32(hi - 16) * d
+                    out[i, e_lo] = np.float32(lo - 16) * d
+                    out[i, e_hi] = np.float32(hi - 16) * d
                 elif kind == 4:  # Q4_K: sub-block scale and minimum, as ``_dequant_codes`` rounds them
-                    out[i, b * 32 + j] = d * np.float32(lo) - m
-                    out[i, b * 32 + j + 16] = d * np.float32(hi) - m
+                    out[i, e_lo] = d * np.float32(lo) - m
+                    out[i, e_hi] = d * np.float32(hi) - m
                 else:
-                    out[i, b * 32 + j] = np.float32(lo) * d + m
-                    out[i, b * 32 + j + 16] = np.float32(hi) * d + m
+                    out[i, e_lo] = np.float32(lo) * d + m
+                    out[i, e_hi] = np.float32(hi) * d + m
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
@@ -416,8 +422,8 @@ def _k_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _unpack_k(type_name: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
     """[N, nsb, bytes] K-quant super-blocks -> codes and, per sub-block of ``1 << shift``
     elements, its float scale (d * 6-bit scale) and minimum (dmin * 6-bit min). Codes: Q4_K's as
-    nibbles ``qs`` [N, K/32, 16] in Q4_1's layout (element j of a sub-block in the low nibble of
-    byte j, j + 16 in the high one; 4 bits a weight in memory, as in the file), the others as int8
+    nibbles ``qs`` [N, K/32, 16] in Q4_1's layout (``int_dot.nibble_weight_bytes``; 4 bits a
+    weight in memory, as in the file), the others as int8
     ``q`` [N, K]."""
     n, nsb, _ = blocks.shape
     if type_name in ("Q4_K", "Q5_K"):
@@ -433,7 +439,7 @@ def _unpack_k(type_name: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
             codes = codes | (high << 4)
         if type_name == "Q4_K":  # nibbles repacked per 32-element sub-block as Q4_1's, scales as in the file
             sub = codes.reshape(n, nsb * 8, 32)
-            qs = (sub[..., :16] | (sub[..., 16:] << 4)).astype(np.uint8)
+            qs = (sub[..., NIBBLE_LOW_ELEMENTS] | (sub[..., NIBBLE_HIGH_ELEMENTS] << 4)).astype(np.uint8)  # ``nibble_weight_bytes``' layout
             k_scales = {"d": d, "dmin": dmin, "sc": sc.reshape(n, nsb * 8).astype(np.uint8), "mn": mn.reshape(n, nsb * 8).astype(np.uint8)}
             return {"qs": qs, **k_scales, "shift": 5}
         scale = (d[..., None] * sc.astype(np.float32)).reshape(n, nsb * 8)
@@ -498,7 +504,8 @@ class QuantizedWeight:
             start += 4
         else:
             arrays["qh"] = np.zeros((n, 0), np.uint32)
-        arrays["qs"] = np.ascontiguousarray(blocks[..., start : start + 16])
+        qs = np.ascontiguousarray(blocks[..., start : start + 16])
+        arrays["qs"] = nibble_weight_bytes(qs) if type_name in ("Q4_0", "Q4_1") else qs  # Q5_x: the file's layout
         return cls(type_name, shape, arrays)
 
     @staticmethod

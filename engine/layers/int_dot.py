@@ -7,8 +7,8 @@ pattern LLVM's x86 backend emits as ``pmaddwd`` (16 multiply-adds an instruction
 widening multiply-adds). The block sum is exact in int32; one float multiply by the two scales
 follows. Nothing in it names a CPU feature: any LLVM target compiles it.
 
-    nibble_row_dot(w, x, wd, xd, blocks, off)   Q4_0 (off 8) / Q4_1 (off 0): 16 bytes a block,
-                                                element j in the low nibble of byte j, j + 16 in its high one;
+    nibble_row_dot(w, x, wd, xd, blocks, off)   Q4_0 (off 8) / Q4_1 (off 0): 16 bytes a block in
+                                                ``nibble_weight_bytes``' layout;
                                                 ``x``: int8 codes in ``NIBBLE_PAIR_ORDER`` (below)
     nibble_k_row_dot(w, x, d, sc, xd, blocks)   Q4_K: the same nibbles, a block's scale d * sc
     code_row_dot(w, x, wd, xd, blocks)          Q8_0, Q4_K, Q5_K: 32 int8 codes a block
@@ -32,10 +32,10 @@ The nibble formats multiply unsigned 4-bit codes by int8 activation codes: on x8
 ``pmaddubsw`` (32 byte products summed in pairs into int16) then ``pmaddwd`` by ones (pairs of those
 into int32), called as LLVM's x86 intrinsics because the generic IR of that pattern is rewritten by
 LLVM's middle end into int16 multiplies before instruction selection could recognise it. Other
-targets get the generic IR of the same sums. The activation's codes are stored in the order the
-unpacked nibbles come out of a byte interleave (``NIBBLE_PAIR_ORDER``), so lane i of a block's
-eight int32 sums holds elements 2i, 2i+1, 16+2i and 17+2i on every target: the bits do not depend
-on the instruction set.
+targets get the generic IR of the same sums. The activation's codes are stored in
+``NIBBLE_PAIR_ORDER`` and the weight's nibbles are repacked at load so that they unpack into the
+same order (``nibble_weight_bytes``), so lane i of a block's eight int32 sums holds elements 2i,
+2i+1, 16+2i and 17+2i on every target: the bits do not depend on the instruction set.
 """
 
 from __future__ import annotations
@@ -55,6 +55,23 @@ _V32I8 = ir.VectorType(_I8, 32)
 # Position p of a block's int8 activation codes holds element NIBBLE_PAIR_ORDER[p]: the low and
 # high nibble of byte k (elements k and 16 + k) sit side by side, as the unpacked weight bytes do.
 NIBBLE_PAIR_ORDER = np.array([k + 16 * high for k in range(16) for high in (0, 1)], np.int64)
+
+
+# The nibble loops' weight bytes: byte b of a block holds element NIBBLE_PAIR_ORDER[b] in its low
+# nibble and NIBBLE_PAIR_ORDER[16 + b] in its high one. Unpacking is then the 16 low nibbles
+# followed by the 16 high ones (on AVX2: a shift, an insert into the upper half, one mask), and
+# the 32 codes come out already in the activation's pair order. The file's layout (element j low,
+# j + 16 high) needed a byte interleave of the two halves on top: three more instructions a block.
+NIBBLE_LOW_ELEMENTS, NIBBLE_HIGH_ELEMENTS = NIBBLE_PAIR_ORDER[:16].copy(), NIBBLE_PAIR_ORDER[16:].copy()
+
+
+def nibble_weight_bytes(file_nibbles: np.ndarray) -> np.ndarray:
+    """Nibble bytes [..., 16 * blocks] in ggml's layout (element j of a block in the low nibble of
+    byte j, j + 16 in its high one) -> uint8 of the same shape in the loops' layout (above)."""
+    blocks = file_nibbles.reshape(-1, 16)
+    elements = np.concatenate([blocks & 15, blocks >> 4], axis=1)
+    packed = elements[:, NIBBLE_LOW_ELEMENTS] | (elements[:, NIBBLE_HIGH_ELEMENTS] << 4)
+    return np.ascontiguousarray(packed.astype(np.uint8).reshape(file_nibbles.shape))
 
 
 def nibble_activation_codes(codes: np.ndarray) -> np.ndarray:
@@ -173,11 +190,10 @@ def _rows_dot(
     def add_block(block: ir.Value, chain: int, lane_scales: list[ir.Value] | None = None) -> None:
         """``lane_scales``: each row's block scale already splat (the 8-block loop), else loaded."""
         two = builder.mul(block, ir.Constant(block.type, 2))
-        if nibbles:  # 16 bytes: low nibbles are elements 0-15, high ones 16-31, interleaved
+        if nibbles:  # 16 bytes (``nibble_weight_bytes``): low nibbles then high ones are the pair order
             packed = builder.load(builder.gep(w, [block]), align=1)
-            low = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
-            high = builder.lshr(packed, ir.Constant(_V16I8, [4] * 16))
-            unpacked = builder.shuffle_vector(low, high, _indices([k + 16 * h for k in range(16) for h in (0, 1)]))
+            both = builder.shuffle_vector(packed, builder.lshr(packed, ir.Constant(_V16I8, [4] * 16)), _indices(list(range(32))))
+            unpacked = builder.and_(both, ir.Constant(_V32I8, [15] * 32))
             for r, ((x, xd), acc) in enumerate(zip(xs, accs)):
                 lanes = _nibble_lanes(builder, unpacked, builder.load(builder.gep(x, [block]), align=1), off)
                 block_scale = scale(xd, block) if lane_scales is None else lane_scales[r]
@@ -229,7 +245,7 @@ def _rows_dot(
 
 def _by_offset(builder: ir.IRBuilder, off: ir.Value, emit) -> None:  # type: ignore[no-untyped-def]
     """``emit(None)`` where the nibble offset is 0 (Q4_1), else ``emit(<32 x i8> splat of it)``:
-    two copies of the loop, so Q4_1 pays no correction."""
+    two branches, so Q4_1 pays no correction (a loop whose offset is a constant keeps one)."""
     with builder.if_else(builder.icmp_signed("==", off, ir.Constant(off.type, 0))) as (no_offset, offset):
         with no_offset:
             emit(None)
