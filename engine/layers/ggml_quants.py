@@ -6,8 +6,8 @@ once at load, so the loop does no half-float conversion):
 
 | type | block | kept as | activation quantized to |
 | --- | ---: | --- | --- |
-| Q4_0 / Q4_1 | 32 | nibbles [N, K/32, 16], d (and m) | Q8_0 / Q8_1 |
-| Q5_0 / Q5_1 | 32 | nibbles, the fifth bits as uint32, d (and m) | Q8_0 / Q8_1 |
+| Q4_0 / Q4_1 | 32 | nibbles [N, K/32, 16] (repacked: ``int_dot.nibble_weight_bytes``), d (and m) | Q8_0 / Q8_1 |
+| Q5_0 / Q5_1 | 32 | nibbles as in the file, the fifth bits as uint32, d (and m) | Q8_0 / Q8_1 |
 | Q8_0 | 32 | int8 codes [N, K], d | Q8_0 |
 | Q4_K | 256 | nibbles per 32-element sub-block as Q4_1's; d, dmin and the 6-bit scales and mins | Q8_K |
 | Q5_K / Q6_K | 256 | int8 codes [N, K], per sub-block d * scale (and dmin * min) | Q8_K |
