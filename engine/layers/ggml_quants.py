@@ -52,7 +52,7 @@ from .cpu_threads import run_rows, threads
 from .fp16_round import round_half
 from .int_dot import (
     MAX_GROUP, NIBBLE_HIGH_ELEMENTS, NIBBLE_LOW_ELEMENTS, code16_row_dot, code16_rows, code_row_dot, code_rows, float_dot,
-    nibble_k_row_dot, nibble_k_rows, nibble_row_dot, nibble_rows, nibble_weight_bytes,
+    nibble_bytes_of_codes, nibble_k_row_dot, nibble_k_rows, nibble_row_dot, nibble_rows, nibble_weight_bytes,
 )  # fmt: skip
 
 if TYPE_CHECKING:
@@ -439,7 +439,7 @@ def _unpack_k(type_name: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
             codes = codes | (high << 4)
         if type_name == "Q4_K":  # nibbles repacked per 32-element sub-block as Q4_1's, scales as in the file
             sub = codes.reshape(n, nsb * 8, 32)
-            qs = (sub[..., NIBBLE_LOW_ELEMENTS] | (sub[..., NIBBLE_HIGH_ELEMENTS] << 4)).astype(np.uint8)  # ``nibble_weight_bytes``' layout
+            qs = nibble_bytes_of_codes(sub)
             k_scales = {"d": d, "dmin": dmin, "sc": sc.reshape(n, nsb * 8).astype(np.uint8), "mn": mn.reshape(n, nsb * 8).astype(np.uint8)}
             return {"qs": qs, **k_scales, "shift": 5}
         scale = (d[..., None] * sc.astype(np.float32)).reshape(n, nsb * 8)

@@ -65,13 +65,16 @@ NIBBLE_PAIR_ORDER = np.array([k + 16 * high for k in range(16) for high in (0, 1
 NIBBLE_LOW_ELEMENTS, NIBBLE_HIGH_ELEMENTS = NIBBLE_PAIR_ORDER[:16].copy(), NIBBLE_PAIR_ORDER[16:].copy()
 
 
+def nibble_bytes_of_codes(codes: np.ndarray) -> np.ndarray:
+    """4-bit codes [..., 32] of blocks in element order -> uint8 [..., 16] in the loops' layout."""
+    return np.ascontiguousarray((codes[..., NIBBLE_LOW_ELEMENTS] | (codes[..., NIBBLE_HIGH_ELEMENTS] << 4)).astype(np.uint8))
+
+
 def nibble_weight_bytes(file_nibbles: np.ndarray) -> np.ndarray:
     """Nibble bytes [..., 16 * blocks] in ggml's layout (element j of a block in the low nibble of
     byte j, j + 16 in its high one) -> uint8 of the same shape in the loops' layout (above)."""
     blocks = file_nibbles.reshape(-1, 16)
-    elements = np.concatenate([blocks & 15, blocks >> 4], axis=1)
-    packed = elements[:, NIBBLE_LOW_ELEMENTS] | (elements[:, NIBBLE_HIGH_ELEMENTS] << 4)
-    return np.ascontiguousarray(packed.astype(np.uint8).reshape(file_nibbles.shape))
+    return nibble_bytes_of_codes(np.concatenate([blocks & 15, blocks >> 4], axis=1)).reshape(file_nibbles.shape)
 
 
 def nibble_activation_codes(codes: np.ndarray) -> np.ndarray:
