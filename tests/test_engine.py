@@ -310,22 +310,29 @@ def test_startup_heap_is_frozen_out_of_full_collections():
 
 @pytest.mark.parametrize("model_format", ["gguf", "hf"])
 def test_no_request_compiles_a_cpu_kernel_after_ready(model_format):
-    # Issue 25: the engine runs its CPU kernels (linear loop, panel product, paged decode
-    # attention) before it reports ready, with the types a forward passes them, so a request
-    # compiles none of them. The GGUF default keeps its matrices in blocks; the HF folder's are
-    # float panels.
+    # Issue 25: the engine runs its CPU kernels (block products, norms, linear loop, panel
+    # product, paged decode attention) before it reports ready, with the types and thread count
+    # a forward passes them, so a request compiles none of them. The GGUF default keeps its
+    # matrices in blocks; the HF folder's are float panels.
+    from numba.core.registry import CPUDispatcher
+
     from engine.hf.model_files import default_model_dir
-    from engine.layers import cpu_decode_attention, cpu_linear, panel_linear
+    from engine.layers import cpu_decode_attention, cpu_kernel_warmup, cpu_linear, ggml_quants, panel_linear, row_ops
 
     path = default_model_dir() if model_format == "hf" else None
     with Engine(path, dtype="float32", max_total_tokens=500, num_threads=1) as eng:
         cfg = eng.runner.model_config
-        kernels = [cpu_linear._linear_f32, cpu_decode_attention.kernel_for(cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, False)]
+        kernels = {f"{m.__name__}.{n}": d for m in (cpu_linear, ggml_quants, row_ops, panel_linear) for n, d in vars(m).items() if isinstance(d, CPUDispatcher)}
+        kernels["attention"] = cpu_decode_attention.kernel_for(cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, False)
         if model_format == "hf":
             assert panel_linear.panel_weights(eng.runner.model), "an HF folder loads into panels"
-            kernels.append(panel_linear._product)
-        ready = [list(k.signatures) for k in kernels]
-        assert all(ready), "compiled or loaded before ready"
+            used = ["attention", "engine.layers.panel_linear._product"]
+        else:  # one thread (num_threads=1): the Q4_1 matrices' and the Q8_0 head's loops on this thread
+            used = ["attention", "engine.layers.ggml_quants._mm_q4_1", "engine.layers.ggml_quants._mm_int8", "engine.layers.row_ops._rms_norm"]
+        ready = {n: len(k.signatures) for n, k in kernels.items()}
+        assert all(ready[n] for n in used), "compiled or loaded before ready"
+        # both formats hold every matrix in their own kernels' layout: no float loop is compiled
+        assert cpu_kernel_warmup.dense_matrix_dtypes(eng.runner.model) == set()
         out = eng.generate("The capital of France is", {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True})
         assert out["meta_info"]["completion_tokens"] == 4
-        assert [list(k.signatures) for k in kernels] == ready, "a forward compiled another version"
+        assert {n: len(k.signatures) for n, k in kernels.items()} == ready, "a forward compiled another version"

@@ -158,8 +158,8 @@ def test_the_warm_up_compiles_what_a_forward_uses(tiny_folder, scheme, monkeypat
     from engine.layers import cpu_kernel_warmup, ggml_quants, row_ops
 
     runner = ModelRunner(tiny_folder, quantization=scheme, max_total_tokens=256, max_running_requests=2)
-    cpu_kernel_warmup.warm_up_quantized(runner.model)
     monkeypatch.setattr(ggml_quants, "THREADED_MIN_MACS", 1 << 12)  # the tiny model's products split too
+    cpu_kernel_warmup.warm_up_quantized(runner.model)
     kernels = {f"{m.__name__}.{n}": d for m in (ggml_quants, row_ops) for n, d in vars(m).items() if isinstance(d, CPUDispatcher)}
     before = {n: len(d.signatures) for n, d in kernels.items()}
     assert sum(before.values()) > 0

@@ -151,17 +151,23 @@ class Engine:
     # ------------------------------------------------------------------ lifecycle
 
     def _warm_up_cpu_kernels(self) -> None:
-        """The model's CPU kernels, compiled here (cold) while the grammar's children compile theirs."""
+        """The model's CPU kernels, compiled here (cold) while the grammar's children compile theirs.
+        The decode attention compiles in a child process of its own: its thread waits beside the
+        block-format and linear loops, which numba compiles in this process one at a time."""
         if self.runner.device.type != "cpu":
             return
         cfg = self.runner.model_config
-        cpu_kernel_warmup.warm_up(
-            self.runner.dtype, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, self.runner.token_to_kv_pool.dtype,
-            f16_probs=self.runner.attn_backend.f16, softcap=cfg.attn_softcap,
-        )  # fmt: skip
-        cpu_kernel_warmup.warm_up_quantized(self.runner.model)
-        cpu_kernel_warmup.warm_up_panels(self.runner.model)
-        cpu_kernel_warmup.warm_up_moe(self.runner.model)
+        self.runner.bind_threads()  # the products' variants are those of the scheduler's thread
+        with ThreadPoolExecutor(1, thread_name_prefix="formcast-attention-kernel") as pool:
+            attention = pool.submit(
+                cpu_kernel_warmup.warm_up_attention, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads,
+                self.runner.token_to_kv_pool.dtype, f16_probs=self.runner.attn_backend.f16, softcap=cfg.attn_softcap,
+            )  # fmt: skip
+            cpu_kernel_warmup.warm_up_linear(self.runner.model)
+            cpu_kernel_warmup.warm_up_quantized(self.runner.model)
+            cpu_kernel_warmup.warm_up_panels(self.runner.model)
+            cpu_kernel_warmup.warm_up_moe(self.runner.model)
+            attention.result()
 
     def shutdown(self) -> None:
         """Stop the engine; requests still running finish with ``abort``."""

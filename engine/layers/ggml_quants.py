@@ -322,12 +322,18 @@ def _mm_int8_threaded(chunks, q, scale, mins, x8, xd, xsum, out):  # pragma: no 
 THREADED_MIN_MACS = 1 << 17
 
 
+def runs_threaded(n_out: int, macs: int, count: int) -> bool:
+    """Whether a product of ``n_out`` outputs and ``macs`` multiply-adds runs the integer loops
+    across ``count`` threads (else on the calling thread)."""
+    return count > 1 and macs >= THREADED_MIN_MACS and n_out >= 2 * count
+
+
 def _in_threads(serial, threaded, n_out: int, macs: int, split: bool | None, *args) -> None:  # type: ignore[no-untyped-def]
     """``serial(0, n_out, *args)``, or ``threaded(threads, *args)`` for a large product (``split``:
     the choice forced, for the warm-up)."""
     count = threads()
     if split is None:
-        split = count > 1 and macs >= THREADED_MIN_MACS and n_out >= 2 * count
+        split = runs_threaded(n_out, macs, count)
     if split:
         threaded(count, *args)
     else:

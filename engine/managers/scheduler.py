@@ -120,6 +120,7 @@ class Scheduler:
         self.inbox.put(("abort", rid, message))
 
     def _run(self) -> None:
+        self.runner.bind_threads()
         while not self._stop.is_set():
             try:
                 if not self.step():

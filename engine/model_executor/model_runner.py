@@ -87,8 +87,15 @@ class ModelRunner:
         if quantized:
             self.model.use_row_kernels()
         self.attn_backend = TorchAttention(f16=cfg.ggml_numerics, every_query_alone=quantized)
-        cpu_decode_attention.set_threads(torch.get_num_threads())
+        self.bind_threads()
         self.sampler = Sampler()
+
+    def bind_threads(self) -> None:
+        """Give the calling thread the runner's thread count for the compiled loops: torch's count
+        is the process's, numba's is per thread (a new thread gets numba's default, every core),
+        so the thread that runs the forwards, and the one that compiles their kernels, call this
+        first."""
+        cpu_decode_attention.set_threads(torch.get_num_threads())
 
     @property
     def vocab_size(self) -> int:
