@@ -206,13 +206,14 @@ def test_float_dot_sums_every_product_of_any_length(seed, n):
     assert abs(_float_dot(a, b) - expected) <= 1e-5 * (1 + np.abs(a.astype(np.float64) * b).sum())
 
 
-def _nibble_rows_built(avx2: bool):
+def _nibble_rows_built(avx2: bool, vnni: bool = False):
     """A fresh compile of the nibble products, one row alone and groups of 2-4, with the x86
-    intrinsics or the generic IR (``int_dot._AVX2`` is read while numba lowers the call)."""
+    intrinsics (VNNI's or AVX2's) or the generic IR (``int_dot._AVX2`` and ``_VNNI`` are read
+    while numba lowers the call)."""
     from engine.layers import int_dot
 
-    saved = int_dot._AVX2
-    int_dot._AVX2 = avx2
+    saved = int_dot._AVX2, int_dot._VNNI
+    int_dot._AVX2, int_dot._VNNI = avx2, vnni
     try:
 
         @njit(cache=False)
@@ -232,12 +233,13 @@ def _nibble_rows_built(avx2: bool):
         rows(qs, x, wd, xd, 0)  # compile now, while the flag holds
         return rows
     finally:
-        int_dot._AVX2 = saved
+        int_dot._AVX2, int_dot._VNNI = saved
 
 
 def test_nibble_products_give_the_same_bits_with_and_without_x86_intrinsics():
-    """The AVX2 build (pmaddubsw, pmaddwd) and the generic IR sum the same elements per lane, so
-    every row's float32 result is identical bit for bit, Q4_0's offset and the int8 extremes included."""
+    """VNNI (vpdpbusd), the AVX2 pair (pmaddubsw, pmaddwd) and the generic IR sum the same elements
+    per lane, so every row's float32 result is identical bit for bit, Q4_0's offset and the int8
+    extremes included."""
     from engine.layers import int_dot
 
     if not int_dot._AVX2:
@@ -249,8 +251,11 @@ def test_nibble_products_give_the_same_bits_with_and_without_x86_intrinsics():
     wd = rng.uniform(1e-3, 2e-2, (7, 9)).astype(np.float32)
     xd = rng.uniform(1e-3, 2e-2, (4, 9)).astype(np.float32)
     x8 = nibble_activation_codes(x16)
-    fast, generic = _nibble_rows_built(True), _nibble_rows_built(False)
+    builds = {"avx2": _nibble_rows_built(True), "generic": _nibble_rows_built(False)}
+    if int_dot._vnni_intrinsics():  # the host's own choice, whatever FORMCAST_INT_DOT_VNNI says
+        builds["vnni"] = _nibble_rows_built(True, vnni=True)
     for off in (0, 8):
-        a, b = fast(qs, x8, wd, xd, off), generic(qs, x8, wd, xd, off)
-        assert np.abs(a).max() > 0
-        np.testing.assert_array_equal(a.view(np.int32), b.view(np.int32), err_msg=f"offset {off}")
+        results = {name: build(qs, x8, wd, xd, off) for name, build in builds.items()}
+        assert np.abs(results["generic"]).max() > 0
+        for name, result in results.items():
+            np.testing.assert_array_equal(result.view(np.int32), results["generic"].view(np.int32), err_msg=f"{name}, offset {off}")

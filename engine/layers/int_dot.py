@@ -30,8 +30,10 @@ runs alone, so its bits depend only on its own codes and scales, never on a batc
 
 The nibble formats multiply unsigned 4-bit codes by int8 activation codes: on x86 with AVX2 that is
 ``pmaddubsw`` (32 byte products summed in pairs into int16) then ``pmaddwd`` by ones (pairs of those
-into int32), called as LLVM's x86 intrinsics because the generic IR of that pattern is rewritten by
-LLVM's middle end into int16 multiplies before instruction selection could recognise it. Other
+into int32), or one ``vpdpbusd`` (four byte products into each int32 lane) where the CPU has
+256-bit VNNI: the same integers. Both are called as LLVM's x86 intrinsics because the generic IR
+of that pattern is rewritten by LLVM's middle end into int16 multiplies before instruction
+selection could recognise it. Other
 targets get the generic IR of the same sums. The activation's codes are stored in
 ``NIBBLE_PAIR_ORDER`` and the weight's nibbles are repacked at load so that they unpack into the
 same order (``nibble_weight_bytes``), so lane i of a block's eight int32 sums holds elements 2i,
@@ -39,6 +41,8 @@ same order (``nibble_weight_bytes``), so lane i of a block's eight int32 sums ho
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 from llvmlite import binding, ir
@@ -95,6 +99,21 @@ def _avx2_intrinsics() -> bool:
 _AVX2 = _avx2_intrinsics()
 
 
+def _vnni_intrinsics() -> bool:
+    """Whether the host also has 256-bit VNNI (AVX512-VNNI with VL, or AVX-VNNI): ``vpdpbusd``
+    sums four unsigned-by-signed byte products into each int32 lane in one instruction, the
+    integers that ``pmaddubsw`` then ``pmaddwd`` give in two (no saturation is reached: see
+    ``_unsigned_signed_pairs``). ``FORMCAST_INT_DOT_VNNI=0`` keeps the AVX2 pair (an A/B switch;
+    the bits are the same either way)."""
+    if not _AVX2 or os.environ.get("FORMCAST_INT_DOT_VNNI", "1") == "0":
+        return False
+    features = binding.get_host_cpu_features()
+    return bool(features.get("avxvnni", False) or (features.get("avx512vnni", False) and features.get("avx512vl", False)))
+
+
+_VNNI = _vnni_intrinsics()
+
+
 def _indices(values: list[int]) -> ir.Constant:
     return ir.Constant(ir.VectorType(_I32, len(values)), values)
 
@@ -129,6 +148,13 @@ def _unsigned_signed_pairs(builder: ir.IRBuilder, u: ir.Value, s: ir.Value) -> i
     return builder.trunc(sums, _V16I16)
 
 
+def _unsigned_signed_quads(builder: ir.IRBuilder, u: ir.Value, s: ir.Value) -> ir.Value:
+    """<32 x i8> unsigned u, signed s -> <8 x i32>: lane i the sum of u[4i + j] * s[4i + j], j < 4
+    (``vpdpbusd`` into zeros; only where ``_VNNI``)."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8I32, [_V8I32, _V8I32, _V8I32]), "llvm.x86.avx512.vpdpbusd.256")
+    return builder.call(fn, [ir.Constant(_V8I32, [0] * 8), builder.bitcast(u, _V8I32), builder.bitcast(s, _V8I32)])
+
+
 def _pair_sums(builder: ir.IRBuilder, pairs: ir.Value) -> ir.Value:
     """<16 x i16> -> <8 x i32>: pairs[2i] + pairs[2i + 1]."""
     if _AVX2:
@@ -140,6 +166,9 @@ def _pair_sums(builder: ir.IRBuilder, pairs: ir.Value) -> ir.Value:
 def _nibble_lanes(builder: ir.IRBuilder, nibbles: ir.Value, x: ir.Value, off: ir.Value | None) -> ir.Value:
     """One block: unpacked nibbles <32 x i8> (pair order) times int8 codes <32 x i8> (the same
     order), minus ``off`` times the codes' sums: <8 x i32>, lane i elements 2i, 2i+1, 16+2i, 17+2i."""
+    if _VNNI:  # the same int32 lanes (exact sums of the same four products), one instruction each
+        lanes = _unsigned_signed_quads(builder, nibbles, x)
+        return lanes if off is None else builder.sub(lanes, _unsigned_signed_quads(builder, off, x))
     pairs = _unsigned_signed_pairs(builder, nibbles, x)
     if off is not None:  # Q4_0: (nibble - off) * x, as nibble * x - off * x in int16 (|sum| <= 6,144)
         pairs = builder.sub(pairs, _unsigned_signed_pairs(builder, off, x))
