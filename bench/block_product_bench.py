@@ -1,4 +1,4 @@
-"""The block formats' products on one thread (issue 24): microseconds per call of
+"""The block formats' products on one thread or split across a few (issue 24): microseconds per call of
 ``QuantizedWeight.matmul_rows`` (activation quantization included) for a few matrix shapes and
 row counts, with the integer dot products on VNNI (``vpdpbusd``, where the CPU has it) and on the
 AVX2 pair (``pmaddubsw`` + ``pmaddwd``), side by side in one run.
@@ -9,7 +9,7 @@ that a load change hits both alike; the table gives the minimum over each varian
 its ratio to the first variant. The children also hash every product's float32 bits: the bench
 fails if two variants disagree (the two instruction sequences must give the same bits).
 
-    python bench/block_product_bench.py [--formats Q4_0,Q4_1,Q4_K,Q8_0] [--rounds 3] [--calls 300]
+    python bench/block_product_bench.py [--formats Q4_0,Q4_1,Q4_K,Q8_0] [--rounds 3] [--calls 300] [--threads 1]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = [(3072, 576), (576, 1536), (2048, 2048)]
+SHAPES = [(3072, 576), (576, 1536), (2048, 2048), (11264, 2048), (2048, 5632)]
 ROWS = [1, 4]
 VARIANTS = {"vnni": "1", "avx2": "0"}
 
@@ -42,7 +42,7 @@ def _raw_blocks(type_name: str, n_out: int, n_in: int, rng):  # type: ignore[no-
     return blocks.reshape(n_out, -1)
 
 
-def child(formats: list[str], calls: int) -> None:
+def child(formats: list[str], calls: int, threads: int) -> None:
     import time
 
     import numba
@@ -51,7 +51,8 @@ def child(formats: list[str], calls: int) -> None:
     from engine.layers import int_dot
     from engine.layers.ggml_quants import QuantizedWeight
 
-    numba.set_num_threads(1)
+    numba.set_num_threads(threads)
+    split = threads > 1
     rng = np.random.default_rng(0)
     result = {"vnni": int_dot._VNNI, "us": {}, "bits": {}}
     for type_name in formats:
@@ -61,11 +62,11 @@ def child(formats: list[str], calls: int) -> None:
             w = QuantizedWeight.from_gguf(type_name, _raw_blocks(type_name, n_out, n_in, rng), (n_out, n_in))
             for rows in ROWS:
                 x = rng.standard_normal((rows, n_in)).astype(np.float32)
-                out = w.matmul_rows(x, split=False)  # compiles
+                out = w.matmul_rows(x, split=split)  # compiles
                 best = float("inf")
                 for _ in range(calls):
                     t0 = time.perf_counter()
-                    w.matmul_rows(x, split=False)
+                    w.matmul_rows(x, split=split)
                     best = min(best, time.perf_counter() - t0)
                 key = f"{type_name} {n_out}x{n_in} {rows}"
                 result["us"][key] = best * 1e6
@@ -78,24 +79,25 @@ def main() -> None:
     parser.add_argument("--formats", default="Q4_0,Q4_1,Q4_K,Q8_0")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=1, help="numba threads; above 1 the products split across them")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     formats = args.formats.split(",")
     if args.child:
-        child(formats, args.calls)
+        child(formats, args.calls, args.threads)
         return
     caches = {name: tempfile.mkdtemp(prefix=f"formcast-blocks-{name}-") for name in VARIANTS}
     runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     for _ in range(args.rounds):
         for name, flag in VARIANTS.items():
             env = dict(os.environ, FORMCAST_INT_DOT_VNNI=flag, NUMBA_CACHE_DIR=caches[name], PYTHONPATH=str(ROOT))
-            cmd = [sys.executable, __file__, "--child", "--formats", args.formats, "--calls", str(args.calls)]
+            cmd = [sys.executable, __file__, "--child", "--formats", args.formats, "--calls", str(args.calls), "--threads", str(args.threads)]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
             runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
     first = next(iter(VARIANTS))
     keys = list(runs[first][0]["us"])
     names = list(VARIANTS)
-    print(f"VNNI on this CPU: {runs['vnni'][0]['vnni']}; one thread, minimum of {args.calls} calls per round, "
+    print(f"VNNI on this CPU: {runs['vnni'][0]['vnni']}; {args.threads} thread(s), minimum of {args.calls} calls per round, "
           f"{args.rounds} rounds, µs (each round's figure)")  # fmt: skip
     print("| format, matrix, rows | " + " | ".join(names) + f" | ratio to {first} (best rounds) |")
     print("| --- | " + " | ".join("---:" for _ in names) + " | ---: |")

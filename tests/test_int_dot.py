@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from engine.layers.int_dot import code16_row_dot, code_row_dot, float_dot, nibble_activation_codes, nibble_row_dot, nibble_weight_bytes
+from engine.layers.int_dot import code16_row_dot, code_activation_codes, code_row_dot, float_dot, nibble_activation_codes, nibble_row_dot, nibble_weight_bytes
 
 
 def _nibble_rows(qs, x, wd, xd, off):
@@ -37,8 +37,10 @@ def _nibble_rows_compiled(qs, x, wd, xd, off):  # pragma: no cover - compiled
 
 
 def _code_rows(q, x, wd, xd):
-    """Activation codes (the test's data, int16) as the products read them: int8."""
-    return _code_rows_compiled(q, x.astype(np.int8), wd, xd)
+    """Activation codes (the test's data, int16, element order) as the products read them: int8,
+    in ``code_row_dot``'s order for a scale per 32 codes, element order for one per 16."""
+    per_block = wd.shape[1] == q.shape[1] // 32
+    return _code_rows_compiled(q, code_activation_codes(x) if per_block else x.astype(np.int8), wd, xd)
 
 
 @njit(cache=False)

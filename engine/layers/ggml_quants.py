@@ -51,7 +51,7 @@ from numba import njit, prange
 from .cpu_threads import run_rows, threads
 from .fp16_round import round_half
 from .int_dot import (
-    MAX_GROUP, NIBBLE_HIGH_ELEMENTS, NIBBLE_LOW_ELEMENTS, code16_row_dot, code16_rows, code_row_dot, code_rows, float_dot,
+    CODES_IN_PAIR_ORDER, MAX_GROUP, NIBBLE_HIGH_ELEMENTS, NIBBLE_LOW_ELEMENTS, code16_row_dot, code16_rows, code_row_dot, code_rows, float_dot,
     nibble_bytes_of_codes, nibble_k_row_dot, nibble_k_rows, nibble_row_dot, nibble_rows, nibble_weight_bytes,
 )  # fmt: skip
 
@@ -565,10 +565,11 @@ class QuantizedWeight:
         k_dim = self.shape[1]
         a = self.arrays
         nibbles = "qs" in a  # Q4_K
-        xq = np.empty((m_rows, k_dim), np.int8)  # in the nibble loop's order for Q4_K
+        halves = not nibbles and a["scale"].shape[1] * 32 == a["q"].shape[1] * 2  # Q6_K: a scale per 16
+        xq = np.empty((m_rows, k_dim), np.int8)  # in the order its loop reads (int_dot)
         xd = np.empty((m_rows, k_dim // QK_K), np.float32)
         xbs = np.empty((m_rows, k_dim // 16), np.int32)
-        quantize_q8_k(x32, xq, xd, xbs, nibbles)
+        quantize_q8_k(x32, xq, xd, xbs, nibbles or (CODES_IN_PAIR_ORDER and not halves))
         out = np.empty((m_rows, self.shape[0]), np.float32)
         if "qs" in a or a["min"].shape[1]:
             per_group = (1 << a["shift"]) // 16
@@ -599,7 +600,7 @@ class QuantizedWeight:
         if kind == "Q8_0":
             x8 = np.empty((m_rows, k_dim), np.int8)
             xd = np.empty_like(xs)
-            quantize_q8_0(x32, x8, xd, xs, False)  # the flag passed, not omitted: one compiled signature
+            quantize_q8_0(x32, x8, xd, xs, CODES_IN_PAIR_ORDER)  # the flag passed, not omitted: one compiled signature
             no_sums = np.zeros((m_rows, 0), np.float32)
             _in_threads(_mm_int8, _mm_int8_threaded, n_out, macs, split, a["q"], a["scale"], a["min"], x8, xd, no_sums, out)
             return out

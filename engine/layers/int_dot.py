@@ -88,6 +88,12 @@ def nibble_activation_codes(codes: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(blocks[:, :, NIBBLE_PAIR_ORDER].reshape(rows, k_dim).astype(np.int8))
 
 
+def code_activation_codes(codes: np.ndarray) -> np.ndarray:
+    """Activation codes [M, K] in element order -> int8 [M, K] in the order ``code_row_dot`` and
+    ``code_rows`` read (``CODES_IN_PAIR_ORDER``); ``code16_*`` read element order."""
+    return nibble_activation_codes(codes) if CODES_IN_PAIR_ORDER else np.ascontiguousarray(codes.astype(np.int8))
+
+
 def _avx2_intrinsics() -> bool:
     """Whether numba compiles for this host and the host has AVX2 (a portable build, through
     NUMBA_CPU_NAME, must not call an x86 intrinsic)."""
@@ -112,6 +118,10 @@ def _vnni_intrinsics() -> bool:
 
 
 _VNNI = _vnni_intrinsics()
+# With VNNI the int8-code products (one scale a block: Q8_0, Q5_K) read the activation's codes in
+# ``NIBBLE_PAIR_ORDER`` as the nibble products do (``code_activation_codes``), and shuffle each
+# weight block into that order in registers (once for all rows); otherwise both in element order.
+CODES_IN_PAIR_ORDER = _VNNI
 
 
 def _indices(values: list[int]) -> ir.Constant:
@@ -155,6 +165,16 @@ def _unsigned_signed_quads(builder: ir.IRBuilder, u: ir.Value, s: ir.Value) -> i
     return builder.call(fn, [ir.Constant(_V8I32, [0] * 8), builder.bitcast(u, _V8I32), builder.bitcast(s, _V8I32)])
 
 
+_BIAS = ir.Constant(_V32I8, [-128] * 32)  # 0x80: xor maps int8 w to the unsigned byte w + 128
+
+
+def _signed_quads(builder: ir.IRBuilder, biased: ir.Value, s: ir.Value) -> ir.Value:
+    """<32 x i8> ``biased`` (int8 codes w plus 128, as unsigned bytes), signed s -> <8 x i32>: lane
+    i the sum of w[4i + j] * s[4i + j], j < 4, as (w + 128) . s - 128 . s: exact over the whole
+    int8 range of both, where the sign trick (|w| . sign(s, w)) would wrap at s = -128."""
+    return builder.sub(_unsigned_signed_quads(builder, biased, s), _unsigned_signed_quads(builder, _BIAS, s))
+
+
 def _pair_sums(builder: ir.IRBuilder, pairs: ir.Value) -> ir.Value:
     """<16 x i16> -> <8 x i32>: pairs[2i] + pairs[2i + 1]."""
     if _AVX2:
@@ -193,7 +213,8 @@ def _rows_dot(
     eight blocks), and a block's weight scale is d * scale, as float32 (exact: 11 x 6 bits)."""
     w = builder.inttoptr(w_addr, _V16I8.as_pointer())
     wd = builder.inttoptr(wd_addr, _F32.as_pointer())
-    x_type = _V32I8 if nibbles else _V16I8
+    quads = not nibbles and not halves and CODES_IN_PAIR_ORDER  # int8 codes through vpdpbusd
+    x_type = _V32I8 if nibbles or quads else _V16I8
     xs = [(builder.inttoptr(x, x_type.as_pointer()), builder.inttoptr(xd, _F32.as_pointer())) for x, xd in rows]
     zero = ir.Constant(_V8F32, [0.0] * 8)
     accs = [(cgutils.alloca_once_value(builder, zero), cgutils.alloca_once_value(builder, zero)) for _ in rows]
@@ -228,6 +249,15 @@ def _rows_dot(
             unpacked = builder.and_(both, ir.Constant(_V32I8, [15] * 32))
             for r, ((x, xd), acc) in enumerate(zip(xs, accs)):
                 lanes = _nibble_lanes(builder, unpacked, builder.load(builder.gep(x, [block]), align=1), off)
+                block_scale = scale(xd, block) if lane_scales is None else lane_scales[r]
+                block_sum = builder.fmul(builder.sitofp(lanes, _V8F32), block_scale)
+                builder.store(builder.fadd(builder.load(acc[chain]), block_sum), acc[chain])
+            return
+        if quads:  # the weight's codes shuffled into the activation's pair order, plus 128 (unsigned)
+            codes = builder.load(builder.gep(builder.bitcast(w, _V32I8.as_pointer()), [block]), align=1)
+            biased = builder.xor(builder.shuffle_vector(codes, codes, _indices([int(e) for e in NIBBLE_PAIR_ORDER])), _BIAS)
+            for r, ((x, xd), acc) in enumerate(zip(xs, accs)):
+                lanes = _signed_quads(builder, biased, builder.load(builder.gep(x, [block]), align=1))
                 block_scale = scale(xd, block) if lane_scales is None else lane_scales[r]
                 block_sum = builder.fmul(builder.sitofp(lanes, _V8F32), block_scale)
                 builder.store(builder.fadd(builder.load(acc[chain]), block_sum), acc[chain])
