@@ -35,7 +35,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from grammar import TokenVocabulary, disk_cache, jit_warmup, kernel_tier
 from grammar.token_masks import load_compiled_kernels, vocabulary_masks
@@ -59,8 +59,29 @@ from .tool_formats import ToolCallFormat, detect_format, marker_token_texts
 _TEMPLATE_RESERVED = frozenset({"conversation", "tools", "documents", "chat_template", "tokenize", "add_generation_prompt", "continue_final_message", "return_tensors", "return_dict", "padding", "truncation", "max_length", "tokenizer_kwargs"})
 
 
+T = TypeVar("T")
+
+
+def _on_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` on a new thread that exits once it returns.
+
+    Why: torch and numba each run their parallel loops on an OpenMP runtime (libgomp) that keeps
+    a pool of worker threads per calling thread for as long as that thread lives. Once a second
+    pool exists, libgomp counts more threads than cores and its workers stop spinning between
+    parallel regions, sleeping instead: each region then pays a wake-up. Measured on 2 cores,
+    SmolLM2 Q4_1 at batch 1: a decode step took 19 ms on the scheduler's thread after the model
+    had loaded on the caller's (its torch ops ran a region there), against 9 ms when no other
+    living thread had run one. The model loads here, and the kernels warm up on passing threads
+    too, so the scheduler's thread is the one whose pools are alive."""
+    with ThreadPoolExecutor(1, thread_name_prefix="formcast-load") as pool:
+        return pool.submit(fn, *args, **kwargs).result()
+
+
 class Engine:
     def __init__(self, model_path: str | None = None, **options: Any) -> None:
+        _on_passing_thread(self._start, model_path, **options)
+
+    def _start(self, model_path: str | None = None, **options: Any) -> None:
         self.args = EngineArgs.from_options(model_path, **options)
         args = self.args
         # A fresh install compiles the grammar kernels in child processes while the model loads;
@@ -71,6 +92,8 @@ class Engine:
         if cold:  # a progress line at once: the model load that follows says nothing
             print("formcast: first start after install: compiling kernels (once) while the model loads...", file=sys.stderr, flush=True)
         set_row_invariant_prefill(args.enable_deterministic_inference)
+        # Loaded on a thread that then exits (see _on_passing_thread): the scheduler's thread is to be
+        # the only living one whose OpenMP pools ever ran a parallel region.
         self.runner = ModelRunner(
             args.model_path,
             dtype=args.dtype,
