@@ -71,14 +71,17 @@ def _on_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     parallel regions, sleeping instead: each region then pays a wake-up. Measured on 2 cores,
     SmolLM2 Q4_1 at batch 1: a decode step took 19 ms on the scheduler's thread after the model
     had loaded on the caller's (its torch ops ran a region there), against 9 ms when no other
-    living thread had run one. The model loads here, and the kernels warm up on passing threads
-    too, so the scheduler's thread is the one whose pools are alive."""
+    living thread had run one. The engine starts here and warms its kernels up on passing threads
+    too, so the scheduler's thread is the one whose pools are alive (a caller's own torch work on
+    a thread that stays alive brings the sleeping back)."""
     with ThreadPoolExecutor(1, thread_name_prefix="formcast-load") as pool:
         return pool.submit(fn, *args, **kwargs).result()
 
 
 class Engine:
     def __init__(self, model_path: str | None = None, **options: Any) -> None:
+        # The whole start (model load, warm-ups, vocabulary) on a thread that then exits: the
+        # scheduler's thread is to be the only living one whose OpenMP pools ran a parallel region.
         _on_passing_thread(self._start, model_path, **options)
 
     def _start(self, model_path: str | None = None, **options: Any) -> None:
@@ -92,8 +95,6 @@ class Engine:
         if cold:  # a progress line at once: the model load that follows says nothing
             print("formcast: first start after install: compiling kernels (once) while the model loads...", file=sys.stderr, flush=True)
         set_row_invariant_prefill(args.enable_deterministic_inference)
-        # Loaded on a thread that then exits (see _on_passing_thread): the scheduler's thread is to be
-        # the only living one whose OpenMP pools ever ran a parallel region.
         self.runner = ModelRunner(
             args.model_path,
             dtype=args.dtype,
