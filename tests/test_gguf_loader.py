@@ -220,3 +220,44 @@ def test_engine_serves_a_gguf_file(tiny):
         assert drafted["output_ids"] == out["output_ids"]
     finally:
         spec.shutdown()
+
+
+def _mapped_rss_kb(path) -> int:
+    """Resident kB of this process's mappings of ``path`` (``/proc/self/smaps``)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:  # a mapping's first line: range perms offset dev inode [path]
+                inside = line.rstrip().endswith(str(path))
+            elif inside and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+def test_a_load_hands_the_files_pages_back(tiny, monkeypatch):
+    # Issue 24's memory target: read pages of the memory-mapped file count in resident memory, so
+    # a load that kept them peaked at the file's size plus the weights'. Each tensor's pages are
+    # handed back once the loader holds its own copy, and the mapping still reads the same bytes.
+    import os
+
+    from engine.models import gguf_file
+    from engine.models.gguf_loader import load_gguf_model, open_gguf
+
+    if not os.path.exists("/proc/self/smaps"):
+        pytest.skip("no /proc/self/smaps on this system")
+    _, _, f32, _ = tiny
+    gf = open_gguf(f32)
+    big = max(gf.tensors.values(), key=lambda t: t.data.nbytes)
+    assert big.data.nbytes >= 16 * 4096, "the tiny file's largest tensor spans many pages"
+    before = np.array(big.data)  # reads every page of it
+    touched = _mapped_rss_kb(f32)
+    gf.release(big)
+    assert touched - _mapped_rss_kb(f32) >= big.data.nbytes // 1024 - 8  # all but the two edge pages
+    np.testing.assert_array_equal(np.asarray(big.data), before)
+
+    released: list[str] = []
+    release = gguf_file.GGUFFile.release
+    monkeypatch.setattr(gguf_file.GGUFFile, "release", lambda self, t: (released.append(t.name), release(self, t)))
+    load_gguf_model(f32, torch.float32, torch.device("cpu"))
+    assert released and set(released) == set(gf.tensors), sorted(set(gf.tensors) - set(released))

@@ -27,7 +27,7 @@ error leaves nothing behind.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -43,6 +43,8 @@ FLOAT_TYPES = ("F32", "F16", "BF16")
 SUPPORTED_TYPES = frozenset(QUANT_TYPES + FLOAT_TYPES)
 
 Weight = Any  # torch.Tensor | QuantizedWeight | StackedWeight
+
+W = TypeVar("W")
 
 
 def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
@@ -165,19 +167,26 @@ class _Weights:
         t = self.gf.tensor(name)
         if t.ggml_type not in FLOAT_TYPES:
             raise ModelLoadError(f"{self.gf.path}: tensor {name!r} has type {t.ggml_type}; formcast needs it F32, F16 or BF16")
-        return self._float(t).to(self.dtype)
+        return self._released(t, self._float(t).to(self.dtype))
 
     def experts(self, name: str) -> Weight:
         """[E, N, K] expert matrices: a float tensor, or a list of E quantized matrices."""
         t = self._get(name, 3)
         if t.ggml_type in FLOAT_TYPES:
             m = self._float(t)
-            return m if t.ggml_type == "BF16" else m.to(self.dtype)
+            return self._released(t, m if t.ggml_type == "BF16" else m.to(self.dtype))
         data = np.asarray(t.data)
         try:
-            return [QuantizedWeight.from_gguf(t.ggml_type, data[e], t.shape[1:]) for e in range(t.shape[0])]
+            return self._released(t, [QuantizedWeight.from_gguf(t.ggml_type, data[e], t.shape[1:]) for e in range(t.shape[0])])
         except (ValueError, TypeError) as exc:
             raise ModelLoadError(f"{self.gf.path}: tensor {name!r} ({t.ggml_type}, shape {list(t.shape)}): {exc}") from None
+
+    def _released(self, t: GGUFTensor, value: W) -> W:
+        """``value`` (built from ``t``'s bytes, which it no longer needs) after the file's pages of
+        ``t`` are handed back (``GGUFFile.release``): the load's peak memory is then about the
+        weights', not the weights' plus the file's."""
+        self.gf.release(t)
+        return value
 
     def _get(self, name: str, ndim: int) -> GGUFTensor:
         t = self.gf.tensor(name)
@@ -195,7 +204,7 @@ class _Weights:
         t = self._get(name, 1)
         if t.ggml_type not in FLOAT_TYPES:
             raise ModelLoadError(f"{self.gf.path}: tensor {name!r} has type {t.ggml_type}; a 1-D tensor must be F32, F16 or BF16")
-        v = self._float(t).to(self.dtype)
+        v = self._released(t, self._float(t).to(self.dtype))
         return v if rows is None else v[torch.from_numpy(rows)].contiguous()
 
     def matrix(self, name: str, rows: np.ndarray | None = None) -> Weight:
@@ -205,8 +214,8 @@ class _Weights:
                 m = self._float(t)
                 if t.ggml_type != "BF16":  # bfloat16 matrices stay as they are (cpu_linear widens them)
                     m = m.to(self.dtype)
-                return m if rows is None else m[torch.from_numpy(rows)].contiguous()
-            w = QuantizedWeight.from_gguf(t.ggml_type, np.asarray(t.data), t.shape)
+                return self._released(t, m if rows is None else m[torch.from_numpy(rows)].contiguous())
+            w = self._released(t, QuantizedWeight.from_gguf(t.ggml_type, np.asarray(t.data), t.shape))
         except (ValueError, TypeError) as exc:
             raise ModelLoadError(f"{self.gf.path}: tensor {name!r} ({t.ggml_type}, shape {list(t.shape)}): {exc}") from None
         return w if rows is None else w.take_rows(rows)
