@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -88,12 +89,16 @@ def main() -> None:
         return
     caches = {name: tempfile.mkdtemp(prefix=f"formcast-blocks-{name}-") for name in VARIANTS}
     runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
-    for _ in range(args.rounds):
-        for name, flag in VARIANTS.items():
-            env = dict(os.environ, FORMCAST_INT_DOT_VNNI=flag, NUMBA_CACHE_DIR=caches[name], PYTHONPATH=str(ROOT))
-            cmd = [sys.executable, __file__, "--child", "--formats", args.formats, "--calls", str(args.calls), "--threads", str(args.threads)]
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-            runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    try:
+        for _ in range(args.rounds):
+            for name, flag in VARIANTS.items():
+                env = dict(os.environ, FORMCAST_INT_DOT_VNNI=flag, NUMBA_CACHE_DIR=caches[name], PYTHONPATH=str(ROOT))
+                cmd = [sys.executable, __file__, "--child", "--formats", args.formats, "--calls", str(args.calls), "--threads", str(args.threads)]
+                done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+                runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    finally:
+        for cache in caches.values():
+            shutil.rmtree(cache, ignore_errors=True)
     first = next(iter(VARIANTS))
     keys = list(runs[first][0]["us"])
     names = list(VARIANTS)
