@@ -244,10 +244,3 @@ def compile_here(head_dim: int, lanes: int, bf16: bool, f16_probs: bool, softcap
     """Compile one kernel into numba's on-disk cache (run by :func:`_load`'s child process)."""
     _build(head_dim, lanes, bf16, f16_probs, softcap).compile(_signature(bf16))
 
-
-def set_threads(n: int) -> None:
-    """Use ``n`` threads (at most numba's pool) for the kernel's parallel loop."""
-    if njit is not None:
-        import numba
-
-        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))

@@ -21,7 +21,8 @@ same compiled function whichever thread runs it and however the range is cut, so
 bits do not depend on the split, the thread count or its neighbours (batch invariance; greedy
 speculation's identity). Never split a reduction here.
 
-The thread count is numba's (``numba.get_num_threads()``; the ModelRunner sets it).
+The thread count is numba's (``numba.get_num_threads()``, per calling thread; the ModelRunner sets
+it with ``set_threads`` on the threads that run forwards).
 ``FORMCAST_PARALLEL_MACS`` (or the older ``FORMCAST_GGML_PARALLEL_MACS``) moves the threshold.
 """
 
@@ -88,6 +89,12 @@ def threads() -> int:
         _count_getter = getattr(numba_parallel, "_get_num_threads", numba.get_num_threads)
         return count
     return int(_count_getter())
+
+
+def set_threads(n: int) -> None:
+    """Use ``n`` threads (at most numba's pool) for the calling thread's compiled loops: numba's
+    count is per thread (a thread that never sets it gets every core)."""
+    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
 
 
 def _pool() -> ThreadPoolExecutor:

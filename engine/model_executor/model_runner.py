@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..layers import cpu_decode_attention
+from ..layers import cpu_threads
 from ..layers.attention import TorchAttention
 from ..layers.ggml_quants import holds_quantized_weights
 from ..layers.logits import LogitsProcessorOutput, compute_logits
@@ -95,7 +95,7 @@ class ModelRunner:
         is the process's, numba's is per thread (a new thread gets numba's default, every core),
         so the thread that runs the forwards, and the one that compiles their kernels, call this
         first."""
-        cpu_decode_attention.set_threads(torch.get_num_threads())
+        cpu_threads.set_threads(torch.get_num_threads())
 
     @property
     def vocab_size(self) -> int:
