@@ -91,24 +91,24 @@ def test_activation_quantizers_match_llama_cpp_definitions():
     x = (rng.standard_normal((3, K)) * rng.uniform(0.01, 30, (3, 1))).astype(np.float32)
     x[1, :32] = 0.0  # an all-zero block
     xq, xd, xs = np.empty((3, K), np.int8), np.empty((3, K // 32), np.float32), np.empty((3, K // 32), np.float32)
-    gq.quantize_q8_0(x, xq, xd, xs)
+    xt = np.empty((3, K // 32), np.int32)
+    gq.quantize_q8_0(x, xq, xd, xs, xt)
     rq, rd, rs = _ref_q8_0(x)
     np.testing.assert_array_equal(xq, rq)
     np.testing.assert_array_equal(xd, rd)
     np.testing.assert_array_equal(xs, rs)
+    np.testing.assert_array_equal(xt, rq.reshape(3, -1, 32).sum(-1))
     kq, kd, kbs = np.empty((3, K), np.int8), np.empty((3, K // 256), np.float32), np.empty((3, K // 16), np.int32)
     gq.quantize_q8_k(x, kq, kd, kbs)
     rq, rd, rbs = _ref_q8_k(x)
     np.testing.assert_array_equal(kq, rq)
     np.testing.assert_array_equal(kd, rd)
     np.testing.assert_array_equal(kbs, rbs)
-    # the nibble loops' order: the same codes, each block's permuted by NIBBLE_PAIR_ORDER
+    # Q4_K's nibble loop's order: the same codes, each block's permuted by NIBBLE_PAIR_ORDER
     from engine.layers.int_dot import NIBBLE_PAIR_ORDER
 
     order = (np.arange(K // 32)[:, None] * 32 + NIBBLE_PAIR_ORDER[None]).reshape(-1)
     pq = np.empty_like(xq)
-    gq.quantize_q8_0(x, pq, xd, xs, True)
-    np.testing.assert_array_equal(pq, xq[:, order])
     gq.quantize_q8_k(x, pq, kd, kbs, True)
     np.testing.assert_array_equal(pq, kq[:, order])
     x[2] = 0.0  # all-zero K blocks: scale 0, codes 0
@@ -226,7 +226,8 @@ def test_block_products_equal_integer_block_sums(two_threads, type_name, n, bloc
     raw = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), T[type_name])
     x = (rng.standard_normal((rows, k)) * rng.uniform(0.1, 10)).astype(np.float32)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu_threads, "PARALLEL_MIN_MACS", 0 if split else 1 << 62)
+        mp.setattr(cpu_threads, "PARALLEL_MIN_MACS", 0 if split else 1 << 62)  # run_rows (Q5_x)
+        mp.setattr(gq, "THREADED_MIN_MACS", 0 if split else 1 << 62)  # the integer loops' parallel region
         got = gq.QuantizedWeight.from_gguf(type_name, raw, (n, k)).matmul(torch.from_numpy(x)).numpy()
     expected = _format_product(type_name, raw, x)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * max(1.0, np.abs(expected).max()))

@@ -67,7 +67,7 @@ def warm_up_quantized(model: torch.nn.Module, prompt_rows: int = 512) -> None:
     variants: dict[str, set[bool]] = {}
     for w in quantized_weights(model):
         n_out, n_in = w.shape
-        variants.setdefault(w.type_name, set()).update(runs_threaded(n_out, rows * n_out * n_in, count) for rows in (1, prompt_rows))
+        variants.setdefault(w.type_name, set()).update(runs_threaded(w.split_units, rows * n_out * n_in, count) for rows in (1, prompt_rows))
     seen: set[str] = set()
     for w in quantized_weights(model):
         if w.type_name not in seen:

@@ -52,7 +52,10 @@ from .cpu_threads import run_rows, threads
 from .fp16_round import round_half
 from .int_dot import (
     CODES_IN_PAIR_ORDER, MAX_GROUP, NIBBLE_HIGH_ELEMENTS, NIBBLE_LOW_ELEMENTS, code16_row_dot, code16_rows, code_row_dot, code_rows, float_dot,
-    nibble_bytes_of_codes, nibble_k_row_dot, nibble_k_rows, nibble_row_dot, nibble_rows, nibble_weight_bytes,
+    nibble_bytes_of_codes, nibble_k_row_dot, nibble_k_rows,
+)  # fmt: skip
+from .octet_dot import (
+    MAX_ROWS, OCTET, OCTET_BYTES, octet_rows_q4_0, octet_rows_q4_1, octet_rows_q8_0, pack_octets, pack_scales, unpack_octets, unpack_scales,
 )  # fmt: skip
 
 if TYPE_CHECKING:
@@ -64,6 +67,7 @@ QK_K = 256
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 QUANT_TYPES = BLOCK_TYPES + K_TYPES
+OCTET_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # kept eight rows to an octet (``octet_dot``)
 _Q8_1_TYPES = ("Q4_1", "Q5_1")  # the formats with a minimum: activations carry their block sums
 
 
@@ -84,11 +88,10 @@ def _block_amax(x, r, b):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def quantize_q8_0(x, xq, xd, xs, pair_order=False):  # pragma: no cover - compiled
+def quantize_q8_0(x, xq, xd, xs, xt):  # pragma: no cover - compiled
     """Rows of ``x`` [M, K] into 32-element blocks: int8 codes ``xq`` [M, K], fp16-rounded
-    scales ``xd`` [M, K/32], and ``xs`` = fp16(d * sum of codes) (Q8_1's block sum; ignored by
-    Q8_0). ``pair_order``: each block's codes in ``int_dot.NIBBLE_PAIR_ORDER`` (element j < 16 at
-    2j, element 16 + j at 2j + 1), the order the nibble formats' products read."""
+    scales ``xd`` [M, K/32], ``xs`` = fp16(d * sum of codes) (Q8_1's block sum; ignored by
+    Q8_0) and the integer code sums ``xt`` [M, K/32] (int32: the octet loops' offset terms)."""
     m_rows, k_dim = x.shape
     for r in range(m_rows):
         for b in range(k_dim // 32):
@@ -98,10 +101,11 @@ def quantize_q8_0(x, xq, xd, xs, pair_order=False):  # pragma: no cover - compil
             total = 0
             for j in range(32):
                 q = np.int32(np.rint(x[r, b * 32 + j] * inv))
-                xq[r, b * 32 + (2 * (j & 15) + (j >> 4) if pair_order else j)] = q
+                xq[r, b * 32 + j] = q
                 total += q
             xd[r, b] = round_half(d)
             xs[r, b] = round_half(d * np.float32(total))
+            xt[r, b] = total
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
@@ -182,37 +186,42 @@ def _plus_minimums(acc, wm, xs, n, r):  # pragma: no cover - compiled
 
 
 @njit(inline="always", boundscheck=False)
-def _nibble_rows_of(n0, n1, off, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
-    """Output rows [n0, n1) of Q4_0 (``off`` 8, ``wm`` zero) and Q4_1 (``off`` 0); ``qs`` [N, K/2]
-    bytes, ``x8`` the activation's Q8 codes [M, K] int8 in ``int_dot.NIBBLE_PAIR_ORDER``, ``xd``
-    their scales [M, K/32]: exact integer block sums (``int_dot``), activation rows up to four at a
-    time, then the minimum terms. Inlined into one loop per format with ``off`` a constant, so LLVM
-    drops the other format's copy of the integer loops before generating code."""
+def _octets_of(g0, g1, kind, w, wd, wm, x8, xd, xt, xs, out):  # pragma: no cover - compiled
+    """Octets [g0, g1) of Q4_0 (``kind`` 0), Q4_1 (1) or Q8_0 (2) times activation rows up to
+    ``octet_dot.MAX_ROWS`` at a time: ``out[r, 8g:8g + 8]``. ``wm``: Q4_1's minimums (any octet
+    array of the matrix for the others). Inlined with ``kind`` a constant, so each loop keeps
+    one format's intrinsic."""
     m_rows = x8.shape[0]
-    blocks = wd.shape[1]
-    group = np.empty(MAX_GROUP, np.float32)
-    for n in range(n0, n1):
-        w, s = qs[n].ctypes.data, wd[n].ctypes.data
+    blocks = xd.shape[1]
+    for g in range(g0, g1):
         r = 0
         while r < m_rows:
-            size = min(m_rows - r, MAX_GROUP)
-            if size == 1:
-                group[0] = nibble_row_dot(w, x8[r].ctypes.data, s, xd[r].ctypes.data, blocks, off)
+            size = min(m_rows - r, MAX_ROWS)
+            wg, dg, mg = w[g].ctypes.data, wd[g].ctypes.data, wm[g].ctypes.data
+            xr, dr, tr, sr = x8[r].ctypes.data, xd[r].ctypes.data, xt[r].ctypes.data, xs[r].ctypes.data
+            target = out[r].ctypes.data + g * OCTET * 4
+            if kind == 0:
+                octet_rows_q4_0(wg, dg, mg, xr, dr, tr, sr, blocks, target, out.strides[0], size)
+            elif kind == 1:
+                octet_rows_q4_1(wg, dg, mg, xr, dr, tr, sr, blocks, target, out.strides[0], size)
             else:
-                nibble_rows(w, x8[r].ctypes.data, x8.strides[0], s, xd[r].ctypes.data, xd.strides[0], blocks, group.ctypes.data, size, off)
-            for i in range(size):
-                out[r + i, n] = _plus_minimums(group[i], wm, xs, n, r + i)
+                octet_rows_q8_0(wg, dg, mg, xr, dr, tr, sr, blocks, target, out.strides[0], size)
             r += size
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def _mm_q4_0(n0, n1, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
-    _nibble_rows_of(n0, n1, 8, qs, wd, wm, x8, xd, xs, out)
+def _mm_q4_0(g0, g1, w, wd, wm, x8, xd, xt, xs, out):  # pragma: no cover - compiled
+    _octets_of(g0, g1, 0, w, wd, wm, x8, xd, xt, xs, out)
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def _mm_q4_1(n0, n1, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
-    _nibble_rows_of(n0, n1, 0, qs, wd, wm, x8, xd, xs, out)
+def _mm_q4_1(g0, g1, w, wd, wm, x8, xd, xt, xs, out):  # pragma: no cover - compiled
+    _octets_of(g0, g1, 1, w, wd, wm, x8, xd, xt, xs, out)
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def _mm_q8_0(g0, g1, w, wd, wm, x8, xd, xt, xs, out):  # pragma: no cover - compiled
+    _octets_of(g0, g1, 2, w, wd, wm, x8, xd, xt, xs, out)
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
@@ -284,21 +293,28 @@ def _minus_minimums(acc, mins, xsum, n, r):  # pragma: no cover - compiled
 # Both loops are strict IEEE code (no fast-math), so a row's bits are the same whichever build
 # (this region's inlined copy or the serial function) computes it.
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
-def _mm_q4_0_threaded(chunks, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
-    step = (qs.shape[0] + chunks - 1) // chunks
+def _mm_q4_0_threaded(chunks, w, wd, wm, x8, xd, xt, xs, out):  # pragma: no cover - compiled
+    step = (w.shape[0] + chunks - 1) // chunks
     for c in prange(chunks):
-        _mm_q4_0(c * step, min(qs.shape[0], (c + 1) * step), qs, wd, wm, x8, xd, xs, out)
+        _mm_q4_0(c * step, min(w.shape[0], (c + 1) * step), w, wd, wm, x8, xd, xt, xs, out)
 
 
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
-def _mm_q4_1_threaded(chunks, qs, wd, wm, x8, xd, xs, out):  # pragma: no cover - compiled
-    step = (qs.shape[0] + chunks - 1) // chunks
+def _mm_q4_1_threaded(chunks, w, wd, wm, x8, xd, xt, xs, out):  # pragma: no cover - compiled
+    step = (w.shape[0] + chunks - 1) // chunks
     for c in prange(chunks):
-        _mm_q4_1(c * step, min(qs.shape[0], (c + 1) * step), qs, wd, wm, x8, xd, xs, out)
+        _mm_q4_1(c * step, min(w.shape[0], (c + 1) * step), w, wd, wm, x8, xd, xt, xs, out)
 
 
-# Q4_0, Q4_1: (serial loop, threaded loop)
-_NIBBLE_LOOPS = {"Q4_0": (_mm_q4_0, _mm_q4_0_threaded), "Q4_1": (_mm_q4_1, _mm_q4_1_threaded)}
+@njit(nogil=True, cache=True, boundscheck=False, parallel=True)
+def _mm_q8_0_threaded(chunks, w, wd, wm, x8, xd, xt, xs, out):  # pragma: no cover - compiled
+    step = (w.shape[0] + chunks - 1) // chunks
+    for c in prange(chunks):
+        _mm_q8_0(c * step, min(w.shape[0], (c + 1) * step), w, wd, wm, x8, xd, xt, xs, out)
+
+
+# The octet formats: (serial loop, threaded loop), each over ranges of octets
+_OCTET_LOOPS = {"Q4_0": (_mm_q4_0, _mm_q4_0_threaded), "Q4_1": (_mm_q4_1, _mm_q4_1_threaded), "Q8_0": (_mm_q8_0, _mm_q8_0_threaded)}
 
 
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
@@ -395,6 +411,27 @@ def _dequant_nibbles(i0, i1, kind, qs, qh, wd, wm, rows, out):  # pragma: no cov
                 else:
                     out[i, e_lo] = np.float32(lo) * d + m
                     out[i, e_hi] = np.float32(hi) * d + m
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def _dequant_octets(i0, i1, kind, w, wd, wm, rows, out):  # pragma: no cover - compiled
+    """Rows ``rows[i0:i1]`` of an octet matrix (``octet_dot``'s layout): Q4_0 (``kind`` 0), Q4_1 (1),
+    Q8_0 (2)."""
+    blocks = wd.shape[1]
+    for i in range(i0, i1):
+        g, r = rows[i] >> 3, rows[i] & 7
+        for b in range(blocks):
+            d = wd[g, b, r]
+            for e in range(32):
+                if kind == 2:  # chunk e // 4, lane r, byte e % 4; stored plus 128
+                    out[i, b * 32 + e] = d * np.float32(np.int32(w[g, b, (e >> 2) * 32 + r * 4 + (e & 3)]) - 128)
+                    continue
+                byte = np.int32(w[g, b, (e >> 3) * 32 + r * 4 + (e & 3)])  # chunk e // 8; high nibble: e % 8 >= 4
+                code = (byte >> (4 * ((e >> 2) & 1))) & 15
+                if kind == 0:
+                    out[i, b * 32 + e] = np.float32(code - 8) * d
+                else:
+                    out[i, b * 32 + e] = np.float32(code) * d + wm[g, b, r]
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
@@ -495,10 +532,9 @@ class QuantizedWeight:
         if type_name not in BLOCK_TYPES:
             raise ValueError(f"no kernel for type {type_name}")
         blocks = raw.reshape(n, k // QK, -1)
+        if type_name in OCTET_TYPES:
+            return cls._octets_of_file(type_name, blocks, shape)
         arrays: dict[str, np.ndarray] = {"d": _f16(blocks[..., 0:2])}
-        if type_name == "Q8_0":  # kept like the K-quants' codes: int8 [N, K], a scale per 32
-            q = np.ascontiguousarray(blocks[..., 2:34]).view(np.int8).reshape(n, k)
-            return cls(type_name, shape, {"q": q, "scale": arrays["d"], "min": np.zeros((n, 0), np.float32), "shift": 5})
         start = 2
         if type_name in _Q8_1_TYPES:
             arrays["m"] = _f16(blocks[..., 2:4])
@@ -510,22 +546,72 @@ class QuantizedWeight:
             start += 4
         else:
             arrays["qh"] = np.zeros((n, 0), np.uint32)
-        qs = np.ascontiguousarray(blocks[..., start : start + 16])
-        arrays["qs"] = nibble_weight_bytes(qs) if type_name in ("Q4_0", "Q4_1") else qs  # Q5_x: the file's layout
+        arrays["qs"] = np.ascontiguousarray(blocks[..., start : start + 16])  # Q5_x: the file's layout
         return cls(type_name, shape, arrays)
+
+    # Rows decoded and packed per slice at load, so a large matrix (an embedding) needs a slice's
+    # temporaries beside its packed arrays, not a copy of its codes.
+    _PACK_ROWS = 8192
+
+    @classmethod
+    def _octets_of_file(cls, type_name: str, blocks: np.ndarray, shape: tuple[int, int]) -> QuantizedWeight:
+        """Q4_0 / Q4_1 / Q8_0 file blocks [N, K/32, bytes] -> the octet layout (``octet_dot``)."""
+        n, k = shape
+        groups = -(-n // OCTET)
+        arrays = {"octets": np.empty((groups, k // QK, OCTET_BYTES[type_name]), np.uint8), "octet_d": np.empty((groups, k // QK, OCTET), np.float32)}
+        if type_name == "Q4_1":
+            arrays["octet_m"] = np.empty_like(arrays["octet_d"])
+        for first in range(0, n, cls._PACK_ROWS):
+            part = blocks[first : first + cls._PACK_ROWS]
+            g0, g1 = first // OCTET, -(-(first + len(part)) // OCTET)
+            if type_name == "Q8_0":
+                codes = np.ascontiguousarray(part[..., 2:34]).view(np.int8).reshape(len(part), k)
+            else:
+                nibbles = part[..., 4:20] if type_name == "Q4_1" else part[..., 2:18]  # element j low, j + 16 high
+                codes = np.concatenate([nibbles & 15, nibbles >> 4], axis=2).reshape(len(part), k)
+            arrays["octets"][g0:g1] = pack_octets(codes, type_name)
+            arrays["octet_d"][g0:g1] = pack_scales(_f16(part[..., 0:2]))
+            if type_name == "Q4_1":
+                arrays["octet_m"][g0:g1] = pack_scales(_f16(part[..., 2:4]))
+        return cls(type_name, shape, arrays)
+
+    def _octet_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """An octet matrix's codes [N, K] (uint8 nibbles or int8), scales and minimums [N, K/32]."""
+        n, a = self.shape[0], self.arrays
+        minimums = unpack_scales(a["octet_m"], n) if "octet_m" in a else None
+        return unpack_octets(a["octets"], n, self.type_name), unpack_scales(a["octet_d"], n), minimums
+
+    @classmethod
+    def _octets_of_parts(cls, type_name: str, codes: np.ndarray, d: np.ndarray, m: np.ndarray | None) -> QuantizedWeight:
+        arrays = {"octets": pack_octets(codes, type_name), "octet_d": pack_scales(d)}
+        if m is not None:
+            arrays["octet_m"] = pack_scales(m)
+        return cls(type_name, codes.shape, arrays)
+
+    @property
+    def split_units(self) -> int:
+        """How many units the loops split across threads: octets for the octet formats, else rows."""
+        return self.arrays["octets"].shape[0] if "octets" in self.arrays else self.shape[0]
 
     @staticmethod
     def cat(parts: list[QuantizedWeight]) -> QuantizedWeight:
         kinds = {p.type_name for p in parts}
         assert len(kinds) == 1, f"cannot fuse weights of types {sorted(kinds)}"
         first = parts[0]
+        if first.type_name in OCTET_TYPES and any(p.shape[0] % OCTET for p in parts[:-1]):
+            codes, d, m = zip(*(p._octet_parts() for p in parts))  # a part ends inside an octet: repack
+            return QuantizedWeight._octets_of_parts(first.type_name, np.concatenate(codes), np.concatenate(d), None if m[0] is None else np.concatenate(m))
         arrays = {}
         for key, value in first.arrays.items():
             arrays[key] = value if key == "shift" else np.concatenate([p.arrays[key] for p in parts])
         return QuantizedWeight(first.type_name, (sum(p.shape[0] for p in parts), first.shape[1]), arrays)
 
     def take_rows(self, index: np.ndarray) -> QuantizedWeight:
-        """The matrix with its rows reordered / selected (each row is whole blocks, so no re-encoding)."""
+        """The matrix with its rows reordered / selected (each row is whole blocks, so no re-encoding;
+        the octet formats' rows are repacked)."""
+        if self.type_name in OCTET_TYPES:
+            codes, d, m = self._octet_parts()
+            return QuantizedWeight._octets_of_parts(self.type_name, codes[index], d[index], None if m is None else m[index])
         arrays = {k: (v if k == "shift" else np.ascontiguousarray(v[index])) for k, v in self.arrays.items()}
         return QuantizedWeight(self.type_name, (len(index), self.shape[1]), arrays)
 
@@ -534,7 +620,10 @@ class QuantizedWeight:
         a = self.arrays
         out = np.empty((rows.shape[0], self.shape[1]), np.float32)
         rows = np.ascontiguousarray(rows, dtype=np.int64)
-        if "q" in a:
+        if "octets" in a:
+            kind, m = OCTET_TYPES.index(self.type_name), a.get("octet_m", a["octet_d"])
+            fn = lambda i0, i1: _dequant_octets(i0, i1, kind, a["octets"], a["octet_d"], m, rows, out)  # noqa: E731
+        elif "q" in a:
             fn = lambda i0, i1: _dequant_codes(i0, i1, a["shift"], a["q"], a["scale"], a["min"], rows, out)  # noqa: E731
         elif self.type_name == "Q4_K":  # the selected rows' sub-block scales and minimums, as float32
             qs, no_high, picked = a["qs"][rows], np.zeros((len(rows), 0), np.uint32), np.arange(len(rows))
@@ -597,19 +686,17 @@ class QuantizedWeight:
         out = np.empty((m_rows, n_out), np.float32)
         xs = np.empty((m_rows, k_dim // QK), np.float32)
         macs = m_rows * n_out * k_dim
-        if kind == "Q8_0":
+        if kind in OCTET_TYPES:
             x8 = np.empty((m_rows, k_dim), np.int8)
             xd = np.empty_like(xs)
-            quantize_q8_0(x32, x8, xd, xs, CODES_IN_PAIR_ORDER)  # the flag passed, not omitted: one compiled signature
-            no_sums = np.zeros((m_rows, 0), np.float32)
-            _in_threads(_mm_int8, _mm_int8_threaded, n_out, macs, split, a["q"], a["scale"], a["min"], x8, xd, no_sums, out)
-            return out
-        if kind in ("Q4_0", "Q4_1"):
-            x8 = np.empty((m_rows, k_dim), np.int8)
-            xd = np.empty_like(xs)
-            quantize_q8_0(x32, x8, xd, xs, True)
-            qs = a["qs"].reshape(n_out, -1)
-            _in_threads(*_NIBBLE_LOOPS[kind], n_out, macs, split, qs, a["d"], a["m"], x8, xd, xs, out)
+            xt = np.empty((m_rows, k_dim // QK), np.int32)
+            quantize_q8_0(x32, x8, xd, xs, xt)
+            groups = a["octets"].shape[0]
+            padded = out if groups * OCTET == n_out else np.empty((m_rows, groups * OCTET), np.float32)
+            args = (a["octets"], a["octet_d"], a.get("octet_m", a["octet_d"]), x8, xd, xt, xs, padded)
+            _in_threads(*_OCTET_LOOPS[kind], groups, macs, split, *args)
+            if padded is not out:
+                out[:] = padded[:, :n_out]
             return out
         xlo = np.empty((m_rows, k_dim // 2), np.float32)
         xhi = np.empty_like(xlo)
