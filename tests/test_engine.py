@@ -328,7 +328,7 @@ def test_no_request_compiles_a_cpu_kernel_after_ready(model_format):
             assert panel_linear.panel_weights(eng.runner.model), "an HF folder loads into panels"
             used = ["attention", "engine.layers.panel_linear._product"]
         else:  # one thread (num_threads=1): the Q4_1 matrices' and the Q8_0 head's loops on this thread
-            used = ["attention", "engine.layers.ggml_quants._mm_q4_1", "engine.layers.ggml_quants._mm_int8", "engine.layers.row_ops._rms_norm"]
+            used = ["attention", "engine.layers.ggml_quants._mm_q4_1", "engine.layers.ggml_quants._mm_q8_0", "engine.layers.row_ops._rms_norm"]
         ready = {n: len(k.signatures) for n, k in kernels.items()}
         assert all(ready[n] for n in used), "compiled or loaded before ready"
         # both formats hold every matrix in their own kernels' layout: no float loop is compiled

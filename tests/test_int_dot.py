@@ -18,21 +18,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from engine.layers.int_dot import code16_row_dot, code_activation_codes, code_row_dot, float_dot, nibble_activation_codes, nibble_row_dot, nibble_weight_bytes
+from engine.layers.int_dot import (
+    code16_row_dot, code_activation_codes, code_row_dot, float_dot, nibble_activation_codes, nibble_bytes_of_codes, nibble_k_row_dot,
+)  # fmt: skip
 
 
-def _nibble_rows(qs, x, wd, xd, off):
-    """Nibbles in ggml's layout and activation codes in element order (the test's data), both
-    stored as the nibble products read them."""
-    return _nibble_rows_compiled(nibble_weight_bytes(qs), nibble_activation_codes(x), wd, xd, off)
+def _loop_nibbles(qs: np.ndarray) -> np.ndarray:
+    """Nibbles in ggml's layout (the test's data) -> the bytes Q4_K's loop reads."""
+    return nibble_bytes_of_codes(_unpacked(qs, 0).reshape(qs.shape[0], -1, 32)).reshape(qs.shape[0], -1)
+
+
+def _nibble_rows(qs, x, d, sc, xd):
+    """Q4_K's nibble products: block b of row n scaled by d[n, b // 8] * sc[n, b]; activation
+    codes in element order (the test's data), stored as the loop reads them."""
+    return _nibble_rows_compiled(_loop_nibbles(qs), nibble_activation_codes(x), d, sc, xd)
+
+
+def _unit_k_scales(n: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.ones((n, -(-blocks // 8)), np.float32), np.ones((n, blocks), np.uint8)
 
 
 @njit(cache=False)
-def _nibble_rows_compiled(qs, x, wd, xd, off):  # pragma: no cover - compiled
+def _nibble_rows_compiled(qs, x, d, sc, xd):  # pragma: no cover - compiled
     out = np.empty((x.shape[0], qs.shape[0]), np.float32)
     for n in range(qs.shape[0]):
         for r in range(x.shape[0]):
-            out[r, n] = nibble_row_dot(qs[n].ctypes.data, x[r].ctypes.data, wd[n].ctypes.data, xd[r].ctypes.data, wd.shape[1], off)
+            out[r, n] = nibble_k_row_dot(qs[n].ctypes.data, x[r].ctypes.data, d[n].ctypes.data, sc[n].ctypes.data, xd[r].ctypes.data, sc.shape[1])
     return out
 
 
@@ -86,9 +97,8 @@ def _data(seed: int, n: int, rows: int, blocks: int, extremes: bool):
 def test_unit_scales_give_the_exact_integer_sum(seed, n, rows, blocks, extremes):
     x, qs, q = _data(seed, n, rows, blocks, extremes)
     ones_w, ones_x = np.ones((n, blocks), np.float32), np.ones((rows, blocks), np.float32)
-    for off in (0, 8):
-        expected = x.astype(np.int64) @ _unpacked(qs, off).T
-        np.testing.assert_array_equal(_nibble_rows(qs, x, ones_w, ones_x, off), expected.astype(np.float32))
+    expected = x.astype(np.int64) @ _unpacked(qs, 0).T
+    np.testing.assert_array_equal(_nibble_rows(qs, x, *_unit_k_scales(n, blocks), ones_x), expected.astype(np.float32))
     expected = x.astype(np.int64) @ q.astype(np.int64).T
     np.testing.assert_array_equal(_code_rows(q, x, ones_w, ones_x), expected.astype(np.float32))
     halves_w, halves_x = np.ones((n, 2 * blocks), np.float32), np.ones((rows, 2 * blocks), np.float32)
@@ -107,9 +117,14 @@ def test_scaled_blocks_sum_as_the_format_defines(blocks):
         isum = np.einsum("rbj,nbj->rnb", x.reshape(3, blocks, 32).astype(np.float64), codes.reshape(6, blocks, 32).astype(np.float64))
         return (isum * scales).sum(-1)
 
-    for got, codes in ((_nibble_rows(qs, x, wd, xd, 8), _unpacked(qs, 8)), (_code_rows(q, x, wd, xd), q)):
-        expected = reference(codes)
-        np.testing.assert_allclose(got, expected, rtol=0, atol=2e-6 * np.abs(expected).max())
+    expected = reference(q)
+    np.testing.assert_allclose(_code_rows(q, x, wd, xd), expected, rtol=0, atol=2e-6 * np.abs(expected).max())
+    d = rng.uniform(1e-4, 1e-3, (6, -(-blocks // 8))).astype(np.float32)
+    sc = rng.integers(1, 64, (6, blocks)).astype(np.uint8)
+    k_scales = xd.astype(np.float64)[:, None, :] * (np.repeat(d, 8, axis=1)[:, :blocks] * sc.astype(np.float32)).astype(np.float64)[None]
+    isum = np.einsum("rbj,nbj->rnb", x.reshape(3, blocks, 32).astype(np.float64), _unpacked(qs, 0).reshape(6, blocks, 32).astype(np.float64))
+    expected = (isum * k_scales).sum(-1)
+    np.testing.assert_allclose(_nibble_rows(qs, x, d, sc, xd), expected, rtol=0, atol=2e-6 * np.abs(expected).max())
     # a scale per 16 codes (Q6_K's sub-blocks)
     wd16 = rng.uniform(1e-3, 2e-2, (6, 2 * blocks)).astype(np.float32)
     xd16 = rng.uniform(1e-3, 2e-2, (3, 2 * blocks)).astype(np.float32)
@@ -123,9 +138,10 @@ def test_a_row_gets_the_same_bits_in_any_batch():
     rng = np.random.default_rng(3)
     wd = rng.uniform(1e-3, 2e-2, (5, 7)).astype(np.float32)
     xd = rng.uniform(1e-3, 2e-2, (6, 7)).astype(np.float32)
-    together = _nibble_rows(qs, x, wd, xd, 0), _code_rows(q, x, wd, xd)
+    d, sc = rng.uniform(1e-3, 2e-2, (5, 1)).astype(np.float32), rng.integers(1, 64, (5, 7)).astype(np.uint8)
+    together = _nibble_rows(qs, x, d, sc, xd), _code_rows(q, x, wd, xd)
     for r in range(6):
-        alone = _nibble_rows(qs, x[r : r + 1], wd, xd[r : r + 1], 0), _code_rows(q, x[r : r + 1], wd, xd[r : r + 1])
+        alone = _nibble_rows(qs, x[r : r + 1], d, sc, xd[r : r + 1]), _code_rows(q, x[r : r + 1], wd, xd[r : r + 1])
         for a, t in zip(alone, together):
             np.testing.assert_array_equal(a[0], t[r])
 
@@ -209,7 +225,7 @@ def test_float_dot_sums_every_product_of_any_length(seed, n):
 
 
 def _nibble_rows_built(avx2: bool, vnni: bool = False):
-    """A fresh compile of the nibble products, one row alone and groups of 2-4, with the x86
+    """A fresh compile of Q4_K's nibble products, one row alone and groups of 2-4, with the x86
     intrinsics (VNNI's or AVX2's) or the generic IR (``int_dot._AVX2`` and ``_VNNI`` are read
     while numba lowers the call)."""
     from engine.layers import int_dot
@@ -219,20 +235,21 @@ def _nibble_rows_built(avx2: bool, vnni: bool = False):
     try:
 
         @njit(cache=False)
-        def rows(qs, x, wd, xd, off):  # pragma: no cover - compiled
+        def rows(qs, x, d, sc, xd):  # pragma: no cover - compiled
             out = np.zeros((x.shape[0], qs.shape[0]), np.float32)
             group = np.empty(int_dot.MAX_GROUP, np.float32)
+            blocks = sc.shape[1]
             for n in range(qs.shape[0]):
-                w, s = qs[n].ctypes.data, wd[n].ctypes.data
-                out[0, n] = int_dot.nibble_row_dot(w, x[0].ctypes.data, s, xd[0].ctypes.data, wd.shape[1], off)
+                w, dn, sn = qs[n].ctypes.data, d[n].ctypes.data, sc[n].ctypes.data
+                out[0, n] = int_dot.nibble_k_row_dot(w, x[0].ctypes.data, dn, sn, xd[0].ctypes.data, blocks)
                 for size in range(2, min(x.shape[0], int_dot.MAX_GROUP) + 1):
-                    int_dot.nibble_rows(w, x[0].ctypes.data, x.strides[0], s, xd[0].ctypes.data, xd.strides[0], wd.shape[1], group.ctypes.data, size, off)
+                    int_dot.nibble_k_rows(w, x[0].ctypes.data, x.strides[0], dn, sn, xd[0].ctypes.data, xd.strides[0], blocks, group.ctypes.data, size)
                     for i in range(size):
                         out[i, n] += group[i]
             return out
 
-        qs, x, wd, xd = (np.zeros((1, 16), np.uint8), np.zeros((1, 32), np.int8), np.ones((1, 1), np.float32), np.ones((1, 1), np.float32))
-        rows(qs, x, wd, xd, 0)  # compile now, while the flag holds
+        one = np.ones((1, 1), np.float32)
+        rows(np.zeros((1, 16), np.uint8), np.zeros((1, 32), np.int8), one, np.ones((1, 1), np.uint8), one)  # compile now, while the flag holds
         return rows
     finally:
         int_dot._AVX2, int_dot._VNNI = saved
@@ -240,8 +257,7 @@ def _nibble_rows_built(avx2: bool, vnni: bool = False):
 
 def test_nibble_products_give_the_same_bits_with_and_without_x86_intrinsics():
     """VNNI (vpdpbusd), the AVX2 pair (pmaddubsw, pmaddwd) and the generic IR sum the same elements
-    per lane, so every row's float32 result is identical bit for bit, Q4_0's offset and the int8
-    extremes included."""
+    per lane, so every row's float32 result is identical bit for bit, the int8 extremes included."""
     from engine.layers import int_dot
 
     if not int_dot._AVX2:
@@ -250,14 +266,14 @@ def test_nibble_products_give_the_same_bits_with_and_without_x86_intrinsics():
     x16[1] = -128
     qs[2] = 0xFF
     rng = np.random.default_rng(11)
-    wd = rng.uniform(1e-3, 2e-2, (7, 9)).astype(np.float32)
+    d = rng.uniform(1e-4, 1e-3, (7, 2)).astype(np.float32)
+    sc = rng.integers(1, 64, (7, 9)).astype(np.uint8)
     xd = rng.uniform(1e-3, 2e-2, (4, 9)).astype(np.float32)
-    x8 = nibble_activation_codes(x16)
+    x8, w = nibble_activation_codes(x16), _loop_nibbles(qs)
     builds = {"avx2": _nibble_rows_built(True), "generic": _nibble_rows_built(False)}
     if int_dot._vnni_intrinsics():  # the host's own choice, whatever FORMCAST_INT_DOT_VNNI says
         builds["vnni"] = _nibble_rows_built(True, vnni=True)
-    for off in (0, 8):
-        results = {name: build(qs, x8, wd, xd, off) for name, build in builds.items()}
-        assert np.abs(results["generic"]).max() > 0
-        for name, result in results.items():
-            np.testing.assert_array_equal(result.view(np.int32), results["generic"].view(np.int32), err_msg=f"{name}, offset {off}")
+    results = {name: build(w, x8, d, sc, xd) for name, build in builds.items()}
+    assert np.abs(results["generic"]).max() > 0
+    for name, result in results.items():
+        np.testing.assert_array_equal(result.view(np.int32), results["generic"].view(np.int32), err_msg=name)

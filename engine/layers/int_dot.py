@@ -7,11 +7,10 @@ pattern LLVM's x86 backend emits as ``pmaddwd`` (16 multiply-adds an instruction
 widening multiply-adds). The block sum is exact in int32; one float multiply by the two scales
 follows. Nothing in it names a CPU feature: any LLVM target compiles it.
 
-    nibble_row_dot(w, x, wd, xd, blocks, off)   Q4_0 (off 8) / Q4_1 (off 0): 16 bytes a block in
-                                                ``nibble_weight_bytes``' layout;
-                                                ``x``: int8 codes in ``NIBBLE_PAIR_ORDER`` (below)
-    nibble_k_row_dot(w, x, d, sc, xd, blocks)   Q4_K: the same nibbles, a block's scale d * sc
-    code_row_dot(w, x, wd, xd, blocks)          Q8_0, Q4_K, Q5_K: 32 int8 codes a block
+    nibble_k_row_dot(w, x, d, sc, xd, blocks)   Q4_K: 16 bytes a 32-element block in
+                                                ``nibble_bytes_of_codes``' layout, a block's scale
+                                                d * sc; ``x``: int8 codes in ``NIBBLE_PAIR_ORDER``
+    code_row_dot(w, x, wd, xd, blocks)          Q5_K: 32 int8 codes a block
     code16_row_dot(w, x, wd, xd, blocks)        Q6_K: the same with a scale per 16 elements
                                                 (``wd`` and ``xd`` hold two a block)
 
@@ -22,21 +21,24 @@ follows. Nothing in it names a CPU feature: any LLVM target compiles it.
 ``xd`` (float32 scales, one a block) are addresses of one row (``arr[n].ctypes.data``). The result is
 sum_b (wd[b] * xd[b]) * sum_j w_bj * x_bj, accumulated in eight float lanes by two accumulators
 (even and odd blocks: two independent chains) and summed in a fixed pairwise order, with no
-fast-math flag. ``*_rows(w, x, x_step, wd, xd, xd_step, blocks, out, count[, off])`` multiply one
+fast-math flag. ``*_rows(w, x, x_step, wd, xd, xd_step, blocks, out, count)`` multiply one
 weight row by ``count`` activation rows, 2 to ``MAX_GROUP`` (``x + i * x_step`` bytes...),
 loading and unpacking each weight block once, and store the results at ``out``: each row runs the very operations it
 runs alone, so its bits depend only on its own codes and scales, never on a batch or a thread
 (the contract of ``cpu_threads``).
 
-The nibble formats multiply unsigned 4-bit codes by int8 activation codes: on x86 with AVX2 that is
+Q4_0, Q4_1 and Q8_0 run ``octet_dot``'s products (eight weight rows at once); its
+``_quad_sums`` reuses the instruction choices below.
+
+The nibble format multiplies unsigned 4-bit codes by int8 activation codes: on x86 with AVX2 that is
 ``pmaddubsw`` (32 byte products summed in pairs into int16) then ``pmaddwd`` by ones (pairs of those
 into int32), or one ``vpdpbusd`` (four byte products into each int32 lane) where the CPU has
 256-bit VNNI: the same integers. Both are called as LLVM's x86 intrinsics because the generic IR
 of that pattern is rewritten by LLVM's middle end into int16 multiplies before instruction
 selection could recognise it. Other
 targets get the generic IR of the same sums. The activation's codes are stored in
-``NIBBLE_PAIR_ORDER`` and the weight's nibbles are repacked at load so that they unpack into the
-same order (``nibble_weight_bytes``), so lane i of a block's eight int32 sums holds elements 2i,
+``NIBBLE_PAIR_ORDER`` and the weight's nibbles are packed at load so that they unpack into the
+same order (``nibble_bytes_of_codes``), so lane i of a block's eight int32 sums holds elements 2i,
 2i+1, 16+2i and 17+2i on every target: the bits do not depend on the instruction set.
 """
 
@@ -61,7 +63,7 @@ _V32I8 = ir.VectorType(_I8, 32)
 NIBBLE_PAIR_ORDER = np.array([k + 16 * high for k in range(16) for high in (0, 1)], np.int64)
 
 
-# The nibble loops' weight bytes: byte b of a block holds element NIBBLE_PAIR_ORDER[b] in its low
+# The nibble loop's weight bytes: byte b of a block holds element NIBBLE_PAIR_ORDER[b] in its low
 # nibble and NIBBLE_PAIR_ORDER[16 + b] in its high one. Unpacking is then the 16 low nibbles
 # followed by the 16 high ones (on AVX2: a shift, an insert into the upper half, one mask), and
 # the 32 codes come out already in the activation's pair order. The file's layout (element j low,
@@ -72,13 +74,6 @@ NIBBLE_LOW_ELEMENTS, NIBBLE_HIGH_ELEMENTS = NIBBLE_PAIR_ORDER[:16].copy(), NIBBL
 def nibble_bytes_of_codes(codes: np.ndarray) -> np.ndarray:
     """4-bit codes [..., 32] of blocks in element order -> uint8 [..., 16] in the loops' layout."""
     return np.ascontiguousarray((codes[..., NIBBLE_LOW_ELEMENTS] | (codes[..., NIBBLE_HIGH_ELEMENTS] << 4)).astype(np.uint8))
-
-
-def nibble_weight_bytes(file_nibbles: np.ndarray) -> np.ndarray:
-    """Nibble bytes [..., 16 * blocks] in ggml's layout (element j of a block in the low nibble of
-    byte j, j + 16 in its high one) -> uint8 of the same shape in the loops' layout (above)."""
-    blocks = file_nibbles.reshape(-1, 16)
-    return nibble_bytes_of_codes(np.concatenate([blocks & 15, blocks >> 4], axis=1)).reshape(file_nibbles.shape)
 
 
 def nibble_activation_codes(codes: np.ndarray) -> np.ndarray:
@@ -183,16 +178,12 @@ def _pair_sums(builder: ir.IRBuilder, pairs: ir.Value) -> ir.Value:
     return _madd(builder, pairs, ir.Constant(_V16I16, [1] * 16))
 
 
-def _nibble_lanes(builder: ir.IRBuilder, nibbles: ir.Value, x: ir.Value, off: ir.Value | None) -> ir.Value:
+def _nibble_lanes(builder: ir.IRBuilder, nibbles: ir.Value, x: ir.Value) -> ir.Value:
     """One block: unpacked nibbles <32 x i8> (pair order) times int8 codes <32 x i8> (the same
-    order), minus ``off`` times the codes' sums: <8 x i32>, lane i elements 2i, 2i+1, 16+2i, 17+2i."""
-    if _VNNI:  # the same int32 lanes (exact sums of the same four products), one instruction each
-        lanes = _unsigned_signed_quads(builder, nibbles, x)
-        return lanes if off is None else builder.sub(lanes, _unsigned_signed_quads(builder, off, x))
-    pairs = _unsigned_signed_pairs(builder, nibbles, x)
-    if off is not None:  # Q4_0: (nibble - off) * x, as nibble * x - off * x in int16 (|sum| <= 6,144)
-        pairs = builder.sub(pairs, _unsigned_signed_pairs(builder, off, x))
-    return _pair_sums(builder, pairs)
+    order): <8 x i32>, lane i elements 2i, 2i+1, 16+2i, 17+2i."""
+    if _VNNI:  # the same int32 lanes (exact sums of the same four products), one instruction
+        return _unsigned_signed_quads(builder, nibbles, x)
+    return _pair_sums(builder, _unsigned_signed_pairs(builder, nibbles, x))
 
 
 def _codes(builder: ir.IRBuilder, base: ir.Value, index: ir.Value) -> ir.Value:
@@ -202,12 +193,12 @@ def _codes(builder: ir.IRBuilder, base: ir.Value, index: ir.Value) -> ir.Value:
 
 def _rows_dot(
     builder: ir.IRBuilder, w_addr: ir.Value, rows: list[tuple[ir.Value, ir.Value]], wd_addr: ir.Value,
-    blocks: ir.Value, nibbles: bool, off: ir.Value | None, halves: bool, k_scales: ir.Value | None = None,
+    blocks: ir.Value, nibbles: bool, halves: bool, k_scales: ir.Value | None = None,
 ) -> list[ir.Value]:  # fmt: skip
     """One weight row times activation rows ``rows`` ((codes address, scales address) each): each
     weight block is loaded and unpacked once for all of them, and every row's float operations
-    run in the order a row alone gets (no fast-math: its bits are its own). ``nibbles``: the
-    nibble formats (``off``: their offset as a <32 x i8> splat, None for none), else int8 codes;
+    run in the order a row alone gets (no fast-math: its bits are its own). ``nibbles``: Q4_K's
+    nibbles (``k_scales`` then given), else int8 codes;
     ``halves``: a scale per 16 elements (two a block). ``k_scales``: the address of Q4_K's 6-bit
     sub-block scales (uint8, one a block); ``wd`` then holds the super-block scale d (one per
     eight blocks), and a block's weight scale is d * scale, as float32 (exact: 11 x 6 bits)."""
@@ -248,7 +239,7 @@ def _rows_dot(
             both = builder.shuffle_vector(packed, builder.lshr(packed, ir.Constant(_V16I8, [4] * 16)), _indices(list(range(32))))
             unpacked = builder.and_(both, ir.Constant(_V32I8, [15] * 32))
             for r, ((x, xd), acc) in enumerate(zip(xs, accs)):
-                lanes = _nibble_lanes(builder, unpacked, builder.load(builder.gep(x, [block]), align=1), off)
+                lanes = _nibble_lanes(builder, unpacked, builder.load(builder.gep(x, [block]), align=1))
                 block_scale = scale(xd, block) if lane_scales is None else lane_scales[r]
                 block_sum = builder.fmul(builder.sitofp(lanes, _V8F32), block_scale)
                 builder.store(builder.fadd(builder.load(acc[chain]), block_sum), acc[chain])
@@ -305,45 +296,25 @@ def _rows_dot(
     return results
 
 
-def _by_offset(builder: ir.IRBuilder, off: ir.Value, emit) -> None:  # type: ignore[no-untyped-def]
-    """``emit(None)`` where the nibble offset is 0 (Q4_1), else ``emit(<32 x i8> splat of it)``:
-    two branches, so Q4_1 pays no correction (a loop whose offset is a constant keeps one)."""
-    with builder.if_else(builder.icmp_signed("==", off, ir.Constant(off.type, 0))) as (no_offset, offset):
-        with no_offset:
-            emit(None)
-        with offset:
-            emit(_splat(builder, builder.trunc(off, _I8), _V32I8))
-
-
-def _one_row(builder: ir.IRBuilder, args: list[ir.Value], nibbles: bool = False, halves: bool = False) -> ir.Value:
-    w, x, wd, xd, blocks = args[:5]
-    if not nibbles:
-        return _rows_dot(builder, w, [(x, xd)], wd, blocks, False, None, halves)[0]
-    result = cgutils.alloca_once(builder, _F32)
-    _by_offset(builder, args[5], lambda off: builder.store(_rows_dot(builder, w, [(x, xd)], wd, blocks, True, off, halves)[0], result))
-    return builder.load(result)
+def _one_row(builder: ir.IRBuilder, args: list[ir.Value], halves: bool = False) -> ir.Value:
+    w, x, wd, xd, blocks = args
+    return _rows_dot(builder, w, [(x, xd)], wd, blocks, False, halves)[0]
 
 
 def _group_rows(
     builder: ir.IRBuilder, args: list[ir.Value], count: int, nibbles: bool = False, halves: bool = False, k_scales: ir.Value | None = None,
 ) -> None:  # fmt: skip
     """Rows at x + i * x_step and xd + i * xd_step (bytes), i < ``count``; results stored at ``out``
-    (``args``: w, x, x_step, wd, xd, xd_step, blocks, out, and the nibble offset where there is one)."""
-    w, x, x_step, wd, xd, xd_step, blocks, out = args[:8]
+    (``args``: w, x, x_step, wd, xd, xd_step, blocks, out)."""
+    w, x, x_step, wd, xd, xd_step, blocks, out = args
     rows = []
     for i in range(count):
         index = ir.Constant(x_step.type, i)
         rows.append((builder.add(x, builder.mul(x_step, index)), builder.add(xd, builder.mul(xd_step, index))))
     out_p = builder.inttoptr(out, _F32.as_pointer())
 
-    def store(off: ir.Value | None) -> None:
-        for i, value in enumerate(_rows_dot(builder, w, rows, wd, blocks, nibbles, off, halves, k_scales)):
-            builder.store(value, builder.gep(out_p, [ir.Constant(_I32, i)]))
-
-    if nibbles and k_scales is None:
-        _by_offset(builder, args[8], store)
-    else:
-        store(None)
+    for i, value in enumerate(_rows_dot(builder, w, rows, wd, blocks, nibbles, halves, k_scales)):
+        builder.store(value, builder.gep(out_p, [ir.Constant(_I32, i)]))
 
 
 def _float_dot(builder: ir.IRBuilder, args: list[ir.Value]) -> ir.Value:
@@ -375,16 +346,11 @@ def _float_dot(builder: ir.IRBuilder, args: list[ir.Value]) -> ir.Value:
 
 def _one_k_row(builder: ir.IRBuilder, args: list[ir.Value]) -> ir.Value:
     w, x, d, sc, xd, blocks = args
-    return _rows_dot(builder, w, [(x, xd)], d, blocks, True, None, False, sc)[0]
+    return _rows_dot(builder, w, [(x, xd)], d, blocks, True, False, sc)[0]
 
 
 _ONE = (types.uintp, types.uintp, types.uintp, types.uintp, types.intp)
 _FOUR = (types.uintp, types.uintp, types.intp, types.uintp, types.uintp, types.intp, types.intp, types.uintp)
-
-
-@intrinsic
-def nibble_row_dot(typingctx, w, x, wd, xd, blocks, off):  # type: ignore[no-untyped-def]
-    return types.float32(*_ONE, types.intp), lambda context, builder, sig, args: _one_row(builder, args, nibbles=True)
 
 
 @intrinsic
@@ -418,13 +384,9 @@ def _switch_rows(builder: ir.IRBuilder, count: ir.Value, group) -> ir.Value:  # 
 
 
 @intrinsic
-def nibble_rows(typingctx, w, x, x_step, wd, xd, xd_step, blocks, out, count, off):  # type: ignore[no-untyped-def]
-    return types.int64(*_FOUR, types.intp, types.intp), lambda context, builder, sig, args: _switch_rows(builder, args[8], lambda n: _group_rows(builder, args[:8] + args[9:], n, nibbles=True))
-
-
-@intrinsic
 def nibble_k_row_dot(typingctx, w, x, d, sc, xd, blocks):  # type: ignore[no-untyped-def]
-    """Q4_K's ``nibble_row_dot``: ``d`` float32 per eight blocks, ``sc`` uint8 per block."""
+    """Q4_K: nibbles times activation codes (``NIBBLE_PAIR_ORDER``), a block's weight scale
+    ``d`` (float32, one per eight blocks) times ``sc`` (uint8, one a block)."""
     sig = types.float32(types.uintp, types.uintp, types.uintp, types.uintp, types.uintp, types.intp)
     return sig, lambda context, builder, sig, args: _one_k_row(builder, args)
 
