@@ -6,9 +6,9 @@ once at load, so the loop does no half-float conversion):
 
 | type | block | kept as | activation quantized to |
 | --- | ---: | --- | --- |
-| Q4_0 / Q4_1 | 32 | nibbles [N, K/32, 16] (repacked: ``int_dot.nibble_weight_bytes``), d (and m) | Q8_0 / Q8_1 |
+| Q4_0 / Q4_1 | 32 | nibbles in octets of eight rows (``octet_dot``), d (and m) likewise | Q8_0 / Q8_1 |
 | Q5_0 / Q5_1 | 32 | nibbles as in the file, the fifth bits as uint32, d (and m) | Q8_0 / Q8_1 |
-| Q8_0 | 32 | int8 codes [N, K], d | Q8_0 |
+| Q8_0 | 32 | int8 codes (plus 128) in octets, d likewise | Q8_0 |
 | Q4_K | 256 | nibbles per 32-element sub-block as Q4_1's; d, dmin and the 6-bit scales and mins | Q8_K |
 | Q5_K / Q6_K | 256 | int8 codes [N, K], per sub-block d * scale (and dmin * min) | Q8_K |
 
@@ -21,10 +21,11 @@ quantizes each row the way llama.cpp does for that format (8-bit blocks with an 
 the block sum for the formats with a minimum: Q8_1; 256-element blocks with a float32 scale and
 16-element sums for the K-quants: Q8_K), then sums code x code x both scales over the row: the
 format's own dot product, which is why greedy outputs agree with llama.cpp's. Q4_0, Q4_1, Q8_0,
-and the K-quants sum each 32-element block (Q6_K: 16) exactly in integers (``int_dot``: integer
-multiply-adds in LLVM vector IR, nibble x int8 byte products for the nibble formats; 1.9x
-(nibbles, before the byte products) and 3-4x (int8 codes) faster than float loops here), then scale it, as llama.cpp's own kernels do; Q5_0 and Q5_1 run a float loop (the same sums
-up to rounding order, relative 1e-6).
+and the K-quants sum each 32-element block (Q6_K: 16) exactly in integers, then scale it, as
+llama.cpp's own kernels do: Q4_0, Q4_1 and Q8_0 eight weight rows at once (``octet_dot``: one
+``vpdpbusd`` adds four products into each of eight rows' sums, 2-4x faster than one row at a
+time), the K-quants one weight row at a time (``int_dot``); Q5_0 and Q5_1 run a float loop (the
+same sums up to rounding order, relative 1e-6).
 The loops run at every row count, long prefills included: a row's result never depends on how
 many rows share its forward. Dequantizing the weight for torch's GEMM would prefill a 256-token
 SmolLM2 prompt 1.7x faster, but its rounding differs from the loop's by ~1e-7, and the next
@@ -32,7 +33,9 @@ layer's 8-bit activation blocks turn that into other codes: a logit moved by up 
 prompt prefilled whole and the same tokens decoded one by one, so batching, the prefix cache and
 speculation changed greedy outputs.
 
-Every loop releases the GIL and covers a range of output rows. The integer loops of a large
+Every loop releases the GIL and covers a range of output rows (of octets, for the octet
+formats; a matrix whose rows are not a multiple of eight gets a last octet padded with zero rows).
+The integer loops of a large
 product run as one numba parallel region over equal ranges of rows (``_in_threads``: every
 product of a SmolLM2 decode step splits; ``cpu_threads.run_rows``' handoff cost what a 576 x 576
 product costs); the Q5 float loop and the dequantization keep ``run_rows``.
@@ -166,8 +169,9 @@ def quantize_q8_k(x, xq, xd, xbs, pair_order=False):  # pragma: no cover - compi
 
 
 # --------------------------------------------------------------------------- dot-product loops
-# The integer loops (``_mm_q4_0`` / ``_mm_q4_1``, ``_mm_nibbles_k``, ``_mm_int8``) call ``int_dot`` once per (output, activation
-# row). The float loop (Q5_0 / Q5_1) is one flat loop over the row's codes: code * its
+# The octet loops (``_mm_q4_0``, ``_mm_q4_1``, ``_mm_q8_0``) call ``octet_dot`` once per (octet, up to
+# four activation rows); the K-quant loops (``_mm_nibbles_k``, ``_mm_int8``) call ``int_dot`` once
+# per (output, up to four activation rows). The float loop (Q5_0 / Q5_1) is one flat loop over the row's codes: code * its
 # block's scale * the dequantized activation code (``x`` = activation code * its fp16 scale), i.e.
 # sum_b d_w d_x (sum of code products) regrouped into one reduction that LLVM vectorizes. The
 # minimum terms use the activation block sums as the format defines them (Q8_1's s, Q8_K's
@@ -379,14 +383,14 @@ def _mm_q5(n0, n1, off, qs, qh, wd, wm, xlo, xhi, xs, out):  # pragma: no cover 
 
 @njit(nogil=True, cache=True, boundscheck=False)
 def _dequant_nibbles(i0, i1, kind, qs, qh, wd, wm, rows, out):  # pragma: no cover - compiled
-    """Rows ``rows[i0:i1]`` of a nibble matrix; ``kind``: the index in ``BLOCK_TYPES`` (0-3), or 4
-    for Q4_K's sub-blocks (``wd`` / ``wm`` its scales and minimums)."""
+    """Rows ``rows[i0:i1]`` of a nibble matrix: Q5_0 (``kind`` 2), Q5_1 (3), or Q4_K's sub-blocks (4:
+    ``wd`` / ``wm`` their scales and minimums)."""
     nb = wd.shape[1]
     for i in range(i0, i1):
         n = rows[i]
         for b in range(nb):
             d = wd[n, b]
-            m = wm[n, b] if kind == 1 or kind == 3 or kind == 4 else np.float32(0.0)
+            m = wm[n, b] if kind == 3 or kind == 4 else np.float32(0.0)
             fifth = kind == 2 or kind == 3  # Q5_0 / Q5_1
             h = qh[n, b] if fifth else np.uint32(0)
             for j in range(16):
@@ -397,12 +401,9 @@ def _dequant_nibbles(i0, i1, kind, qs, qh, wd, wm, rows, out):  # pragma: no cov
                     lo |= np.int32(((h >> j) & 1) << 4)
                     hi |= np.int32(((h >> (j + 16)) & 1) << 4)
                     e_lo, e_hi = b * 32 + j, b * 32 + j + 16
-                else:  # the 4-bit formats: ``int_dot.nibble_weight_bytes``' layout
+                else:  # Q4_K: ``int_dot.nibble_bytes_of_codes``' layout
                     e_lo, e_hi = b * 32 + NIBBLE_LOW_ELEMENTS[j], b * 32 + NIBBLE_HIGH_ELEMENTS[j]
-                if kind == 0:
-                    out[i, e_lo] = np.float32(lo - 8) * d
-                    out[i, e_hi] = np.float32(hi - 8) * d
-                elif kind == 2:
+                if kind == 2:
                     out[i, e_lo] = np.float32(lo - 16) * d
                     out[i, e_hi] = np.float32(hi - 16) * d
                 elif kind == 4:  # Q4_K: sub-block scale and minimum, as ``_dequant_codes`` rounds them
@@ -465,7 +466,7 @@ def _k_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _unpack_k(type_name: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
     """[N, nsb, bytes] K-quant super-blocks -> codes and, per sub-block of ``1 << shift``
     elements, its float scale (d * 6-bit scale) and minimum (dmin * 6-bit min). Codes: Q4_K's as
-    nibbles ``qs`` [N, K/32, 16] in Q4_1's layout (``int_dot.nibble_weight_bytes``; 4 bits a
+    nibbles ``qs`` [N, K/32, 16] in ``int_dot.nibble_bytes_of_codes``' layout (4 bits a
     weight in memory, as in the file), the others as int8
     ``q`` [N, K]."""
     n, nsb, _ = blocks.shape

@@ -234,7 +234,7 @@ def _rows_dot(
     def add_block(block: ir.Value, chain: int, lane_scales: list[ir.Value] | None = None) -> None:
         """``lane_scales``: each row's block scale already splat (the 8-block loop), else loaded."""
         two = builder.mul(block, ir.Constant(block.type, 2))
-        if nibbles:  # 16 bytes (``nibble_weight_bytes``): low nibbles then high ones are the pair order
+        if nibbles:  # 16 bytes (``nibble_bytes_of_codes``): low nibbles then high ones are the pair order
             packed = builder.load(builder.gep(w, [block]), align=1)
             both = builder.shuffle_vector(packed, builder.lshr(packed, ir.Constant(_V16I8, [4] * 16)), _indices(list(range(32))))
             unpacked = builder.and_(both, ir.Constant(_V32I8, [15] * 32))
