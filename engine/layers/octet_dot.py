@@ -1,46 +1,54 @@
 """Block products of weight rows stored eight to an octet: one instruction multiplies four activation
 codes into eight weight rows at once (LLVM vector IR, numba intrinsics).
 
-``int_dot`` multiplies one weight row by a few activation rows: each block's 32 products land in
-eight int32 lanes of *one* output, so every block of every (weight row, activation row) pair pays
-its own int-to-float conversion, scale broadcast, float multiply-add and, at the end, a horizontal
-sum. Here the weight matrix is repacked at load so that lane r of a 32-byte vector holds four codes
-of weight row r (r < 8) and the four codes that every lane multiplies are one int32 of the
-activation, broadcast: ``vpdpbusd`` (VNNI) adds four products into each of the eight rows' sums.
-Eight such steps cover a 32-element block, lane r then holds row r's exact integer block sum, and
-one conversion and one multiply-add by the eight rows' scales finish the block for all eight.
+Multiplying one weight row by an activation row puts a block's products in eight int32 lanes of
+*one* output, so every block of every (weight row, activation row) pair pays its own
+int-to-float conversion, scale broadcast, float multiply-add and, at the end, a horizontal sum.
+Here the weight matrix is repacked at load so that lane r of a 32-byte vector holds four codes of
+weight row r (r < 8), and the four codes that every lane multiplies are one int32 of the
+activation, broadcast: ``vpdpbusd`` (VNNI; ``int_dot.quad_sums``) adds four products into each of
+the eight rows' sums. ``block / 4`` such steps cover a block; lane r then holds row r's exact
+integer block sum, and one conversion and one multiply-add by the eight rows' scales finish the
+block for all eight rows. llama.cpp repacks Q4_0 for its x86 kernels on the same idea.
 
-Layout of one octet (eight consecutive weight rows; a matrix's last octet is padded with zero rows),
-per block b, ``OCTET_BYTES[format]`` bytes:
+Layout of one octet (eight consecutive weight rows; a matrix's last octet is padded with zero
+rows), per block, ``OctetFormat.block_bytes``:
 
-- nibbles (Q4_0, Q4_1): four chunks of 32 bytes; byte 4r + k of chunk i holds element 8i + k of
+- nibbles (Q4_0, Q4_1, Q4_K): chunks of 32 bytes; byte 4r + k of chunk i holds element 8i + k of
   row r in its low nibble and element 8i + 4 + k in its high one. Unpacking is an ``and`` and a
-  shift: 8 vectors, vector j holding elements 4j..4j+3 of every row.
-- int8 codes (Q8_0): eight chunks of 32 bytes; byte 4r + k of chunk j holds element 4j + k of row
-  r, plus 128 (as an unsigned byte: ``vpdpbusd`` multiplies unsigned by signed).
+  shift: vector j then holds elements 4j..4j+3 of every row.
+- one code a byte (Q8_0, Q5_K, Q6_K): byte 4r + k of chunk j holds element 4j + k of row r, plus
+  the format's ``bias`` (Q8_0's int8 codes stored as unsigned bytes: ``vpdpbusd`` multiplies
+  unsigned by signed).
 
 The activation's codes are in element order, so the four codes of step j are the int32 at byte
-4j of the block. The formats' offsets (Q4_0's 8, the 128 above) come out as -offset times the
-block's code sum, added once to each block's integer sum before the products (``xt``: the
-activation's code sums, one a block): the sum is exact in int32 whatever the instruction.
+4j of the block. A format's ``offset`` (Q4_0's 8, Q6_K's 32, Q8_0's bias) comes out as -offset
+times the block's activation code sum (``xt``), the start of each block's integer sum: exact in
+int32 whatever the instruction.
 
-Per activation row t and block b, the float work is, in every lane: ``acc = fma(float(isum),
-wd * xd[t, b], acc)`` (then, for Q4_1, ``acc = fma(wm, xs[t, b], acc)``), blocks in order, one
-chain. A row's bits therefore depend only on its own codes and scales: never on how many
-activation rows share the call (1 to ``MAX_ROWS``), on the octet or on a thread. VNNI, the AVX2
-pair (``pmaddubsw`` + ``pmaddwd``, nibbles only: a biased int8 code times an int8 would saturate
-its int16 pairs) and the generic IR all give the same integers, so the same bits.
+Per activation row t and block b, the float work is, in every lane (weight row):
+``acc = fma(float(isum), wd * xd[t, b], acc)``, then for the formats with a minimum
+``acc = fma(wm, xs[t, b], acc)``, blocks in order, one chain. The K-quants' ``wd`` and ``wm`` are
+their super-block's d and dmin times the block's sub-scale and min (float32 products, as the
+format defines them). A row's bits therefore depend only on its own codes and scales: never on
+how many activation rows share the call (1 to ``MAX_ROWS``), on the octet or on a thread, nor on
+the instruction ``int_dot.quad_sums`` picks.
 
-    octet_rows_q4_0(w, wd, wm, x, xd, xt, xs, blocks, out, out_step, count)   (and _q4_1, _q8_0)
+    octet_rows_q4_0(w, wd, wm, sc, mn, x, xd, xt, xs, blocks, out, out_step, count)
+    (and _q4_1, _q8_0, _q4_k, _q5_k, _q6_k)
 
-``w``, ``wd`` (float32, eight a block), ``wm`` (Q4_1's minimums, eight a block; any address for the
-others): the octet's arrays; ``x`` (int8 codes, 32 a block), ``xd`` (float32 scales), ``xt`` (int32
-code sums), ``xs`` (float32, Q8_1's d times the code sum): activation row t's at ``x + t * 32 *
-blocks`` and ``+ t * 4 * blocks`` (C-ordered [M, blocks] arrays); ``out``: float32, eight results a
-row, row t at ``out + t * out_step`` bytes.
+``w`` (``block_bytes`` a block), ``wd`` / ``wm`` (float32, eight a block, or a super-block for the
+K-quants), ``sc`` / ``mn`` (the K-quants' sub-scales and mins, eight bytes a block): the octet's
+arrays; those a format has not are never read. ``x`` (int8 codes), ``xd`` (float32 scale a
+block), ``xt`` (int32 code sum a block), ``xs`` (float32 a block: Q8_1's d times the code sum for
+Q4_1, minus the block's value sum for the K-quants): activation row t's at ``x + t * block *
+blocks`` and ``+ t * 4 * blocks`` (C-ordered [M, blocks] arrays); ``out``: float32, eight results
+a row, row t at ``out + t * out_step`` bytes.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from llvmlite import ir
@@ -50,13 +58,53 @@ from numba.core.extending import intrinsic
 
 from . import int_dot
 
-_I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
-_V32I8, _V16I16, _V8I32, _V8F32 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
+_I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
+_V32I8, _V8I32, _V8F32 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
 
 OCTET = 8  # weight rows an octet
 MAX_ROWS = 4  # activation rows a call: eight unpacked weight vectors plus a chain per row stay in registers
-OCTET_BYTES = {"Q4_0": 128, "Q4_1": 128, "Q8_0": 256}
-_OFFSETS = {"Q4_0": 8, "Q4_1": 0, "Q8_0": 128}
+
+
+@dataclass(frozen=True)
+class OctetFormat:
+    """How one ggml format sits in octets and how its blocks are summed and scaled.
+
+    ``nibbles``: 4-bit codes, two an octet byte (else one code a byte); ``block``: elements a
+    scale (32, or Q6_K's 16); ``bias``: added to a code to store it (Q8_0's int8 codes become
+    unsigned bytes); ``offset``: subtracted from every stored code to get its value (as -offset
+    times the activation block's code sum); ``super_blocks``: blocks a super-block for the K-quants, whose weight scale is
+    ``d`` (float32, one a super-block) times a 6-bit or int8 sub-scale (one a block), else 0
+    (a float32 scale a block); ``signed_scales``: the sub-scales are int8 (Q6_K); ``minimum``:
+    a term ``wm * xs`` a block (Q4_1: ``wm`` a float32 a block; the K-quants: ``dmin`` a
+    super-block times a 6-bit min a block; ``xs`` then carries the activation's negated block sum)."""
+
+    name: str
+    nibbles: bool
+    block: int
+    offset: int
+    bias: int
+    super_blocks: int
+    signed_scales: bool
+    minimum: bool
+
+    @property
+    def block_bytes(self) -> int:
+        """Octet bytes a block: eight rows' codes."""
+        return OCTET * self.block // (2 if self.nibbles else 1)
+
+
+FORMATS = {
+    f.name: f
+    for f in (
+        OctetFormat("Q4_0", True, 32, 8, 0, 0, False, False),
+        OctetFormat("Q4_1", True, 32, 0, 0, 0, False, True),
+        OctetFormat("Q8_0", False, 32, 128, 128, 0, False, False),
+        OctetFormat("Q4_K", True, 32, 0, 0, 8, False, True),
+        OctetFormat("Q5_K", False, 32, 0, 0, 8, False, True),
+        OctetFormat("Q6_K", False, 16, 32, 0, 16, True, False),
+    )
+}
+OCTET_BYTES = {name: f.block_bytes for name, f in FORMATS.items()}
 
 
 def _indices(values: list[int]) -> ir.Constant:
@@ -68,42 +116,19 @@ def _splat(builder: ir.IRBuilder, value: ir.Value, vector: ir.VectorType) -> ir.
     return builder.shuffle_vector(one, one, _indices([0] * vector.count))
 
 
-def _quad_sums(builder: ir.IRBuilder, acc: ir.Value, u: ir.Value, s: ir.Value, small: bool) -> ir.Value:
-    """acc <8 x i32> plus, in lane i, sum_{j<4} u[4i + j] * s[4i + j] (u unsigned bytes, s signed:
-    <32 x i8> each). ``small``: u < 16 (nibbles), where the AVX2 pair cannot saturate."""
-    if int_dot._VNNI:
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8I32, [_V8I32, _V8I32, _V8I32]), "llvm.x86.avx512.vpdpbusd.256")
-        return builder.call(fn, [acc, builder.bitcast(u, _V8I32), builder.bitcast(s, _V8I32)])
-    if int_dot._AVX2 and small:
-        pairs = int_dot._unsigned_signed_pairs(builder, u, s)
-        return builder.add(acc, int_dot._pair_sums(builder, pairs))
-    # Generic: int16 products summed in pairs (LLVM's pmaddwd pattern), then pairs of pairs.
-    halves = []
-    for first in (0, 16):
-        part = _indices(list(range(first, first + 16)))
-        wide_u = builder.zext(builder.shuffle_vector(u, u, part), _V16I16)
-        wide_s = builder.sext(builder.shuffle_vector(s, s, part), _V16I16)
-        halves.append(int_dot._madd(builder, wide_u, wide_s))
-    pairs = builder.shuffle_vector(halves[0], halves[1], _indices(list(range(16))))
-    quads = builder.add(
-        builder.shuffle_vector(pairs, pairs, _indices(list(range(0, 16, 2)))),
-        builder.shuffle_vector(pairs, pairs, _indices(list(range(1, 16, 2)))),
-    )  # fmt: skip
-    return builder.add(acc, quads)
-
-
 def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
     """a * b + c rounded once (``llvm.fma``: the same result on every target, unlike fmuladd)."""
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8F32, [_V8F32] * 3), "llvm.fma.v8f32")
     return builder.call(fn, [a, b, c])
 
 
-def _octet_rows(builder: ir.IRBuilder, args: list[ir.Value], count: int, fmt: str) -> None:
-    w_addr, wd_addr, wm_addr, x_addr, xd_addr, xt_addr, xs_addr, blocks, out_addr, out_step = args
-    nibbles, with_min, offset = fmt != "Q8_0", fmt == "Q4_1", _OFFSETS[fmt]
+def _octet_rows(builder: ir.IRBuilder, args: list[ir.Value], count: int, fmt: OctetFormat) -> None:
+    w_addr, wd_addr, wm_addr, sc_addr, mn_addr, x_addr, xd_addr, xt_addr, xs_addr, blocks, out_addr, out_step = args
     w = builder.inttoptr(w_addr, _V32I8.as_pointer())
     wd = builder.inttoptr(wd_addr, _V8F32.as_pointer())
     wm = builder.inttoptr(wm_addr, _V8F32.as_pointer())
+    sub_type = ir.VectorType(_I8, OCTET).as_pointer()
+    sc, mn = builder.inttoptr(sc_addr, sub_type), builder.inttoptr(mn_addr, sub_type)
     x = builder.inttoptr(x_addr, _I32.as_pointer())  # four codes an int32
     xd = builder.inttoptr(xd_addr, _F32.as_pointer())
     xt = builder.inttoptr(xt_addr, _I32.as_pointer())
@@ -111,32 +136,39 @@ def _octet_rows(builder: ir.IRBuilder, args: list[ir.Value], count: int, fmt: st
     zero_f = ir.Constant(_V8F32, [0.0] * 8)
     zero_i = ir.Constant(_V8I32, [0] * 8)
     accs = [cgutils.alloca_once_value(builder, zero_f) for _ in range(count)]
-    chunks = 4 if nibbles else 8
+    chunks = fmt.block_bytes // 32
+    quads = fmt.block // 4  # int32 activation words a block
     with cgutils.for_range(builder, blocks) as loop:
         b = loop.index
         first = builder.mul(b, ir.Constant(b.type, chunks))
         vectors: list[ir.Value] = []
         for i in range(chunks):
             chunk = builder.load(builder.gep(w, [builder.add(first, ir.Constant(b.type, i))]), align=1)
-            if nibbles:
+            if fmt.nibbles:
                 mask = ir.Constant(_V32I8, [15] * 32)
                 vectors += [builder.and_(chunk, mask), builder.and_(builder.lshr(chunk, ir.Constant(_V32I8, [4] * 32)), mask)]
             else:
                 vectors.append(chunk)
-        w_scale = builder.load(builder.gep(wd, [b]), align=4)
-        w_min = builder.load(builder.gep(wm, [b]), align=4) if with_min else None
+        if fmt.super_blocks:  # d (and dmin) of the block's super-block times its 6-bit / int8 sub-scales
+            sup = builder.sdiv(b, ir.Constant(b.type, fmt.super_blocks))
+            to_float = builder.sitofp if fmt.signed_scales else builder.uitofp
+            w_scale = builder.fmul(builder.load(builder.gep(wd, [sup]), align=4), to_float(builder.load(builder.gep(sc, [b]), align=1), _V8F32))
+            w_min = builder.fmul(builder.load(builder.gep(wm, [sup]), align=4), builder.uitofp(builder.load(builder.gep(mn, [b]), align=1), _V8F32)) if fmt.minimum else None
+        else:
+            w_scale = builder.load(builder.gep(wd, [b]), align=4)
+            w_min = builder.load(builder.gep(wm, [b]), align=4) if fmt.minimum else None
         for t in range(count):
             row = builder.add(builder.mul(blocks, ir.Constant(b.type, t)), b)  # [t, b] of the [M, blocks] arrays
-            if offset:
-                correction = builder.mul(builder.load(builder.gep(xt, [row])), ir.Constant(_I32, -offset))
+            if fmt.offset:
+                correction = builder.mul(builder.load(builder.gep(xt, [row])), ir.Constant(_I32, -fmt.offset))
                 chains = [_splat(builder, correction, _V8I32), zero_i]
             else:
                 chains = [zero_i, zero_i]
-            code_base = builder.mul(row, ir.Constant(b.type, 8))
+            code_base = builder.mul(row, ir.Constant(b.type, quads))
             for j, vector in enumerate(vectors):
                 four = builder.load(builder.gep(x, [builder.add(code_base, ir.Constant(b.type, j))]), align=1)
                 codes = builder.bitcast(_splat(builder, four, _V8I32), _V32I8)
-                chains[j % 2] = _quad_sums(builder, chains[j % 2], vector, codes, nibbles)
+                chains[j % 2] = int_dot.quad_sums(builder, chains[j % 2], vector, codes, fmt.bias == 0)
             block_sum = builder.sitofp(builder.add(chains[0], chains[1]), _V8F32)
             scale = builder.fmul(w_scale, _splat(builder, builder.load(builder.gep(xd, [row])), _V8F32))
             acc = _fma(builder, block_sum, scale, builder.load(accs[t]))
@@ -148,7 +180,7 @@ def _octet_rows(builder: ir.IRBuilder, args: list[ir.Value], count: int, fmt: st
         builder.store(builder.load(accs[t]), builder.inttoptr(address, _V8F32.as_pointer()), align=4)
 
 
-def _by_count(builder: ir.IRBuilder, args: list[ir.Value], fmt: str) -> ir.Value:
+def _by_count(builder: ir.IRBuilder, args: list[ir.Value], fmt: OctetFormat) -> ir.Value:
     """One branch per row count 1..MAX_ROWS (the count sizes the registers); another does nothing."""
     count = args[-1]
     done = builder.function.append_basic_block("rows.done")
@@ -163,63 +195,70 @@ def _by_count(builder: ir.IRBuilder, args: list[ir.Value], fmt: str) -> ir.Value
     return ir.Constant(ir.IntType(64), 0)
 
 
-_SIG = types.int64(*([types.uintp] * 7), types.intp, types.uintp, types.intp, types.intp)
+_SIG = types.int64(*([types.uintp] * 9), types.intp, types.uintp, types.intp, types.intp)
 
 
-@intrinsic
-def octet_rows_q4_0(typingctx, w, wd, wm, x, xd, xt, xs, blocks, out, out_step, count):  # type: ignore[no-untyped-def]
-    return _SIG, lambda context, builder, sig, args: _by_count(builder, list(args), "Q4_0")
+def _octet_intrinsic(name: str):  # type: ignore[no-untyped-def]
+    fmt = FORMATS[name]
+
+    def octet_rows(typingctx, w, wd, wm, sc, mn, x, xd, xt, xs, blocks, out, out_step, count):  # type: ignore[no-untyped-def]
+        return _SIG, lambda context, builder, sig, args: _by_count(builder, list(args), fmt)
+
+    octet_rows.__name__ = f"octet_rows_{name.lower()}"
+    return intrinsic(octet_rows)
 
 
-@intrinsic
-def octet_rows_q4_1(typingctx, w, wd, wm, x, xd, xt, xs, blocks, out, out_step, count):  # type: ignore[no-untyped-def]
-    return _SIG, lambda context, builder, sig, args: _by_count(builder, list(args), "Q4_1")
-
-
-@intrinsic
-def octet_rows_q8_0(typingctx, w, wd, wm, x, xd, xt, xs, blocks, out, out_step, count):  # type: ignore[no-untyped-def]
-    return _SIG, lambda context, builder, sig, args: _by_count(builder, list(args), "Q8_0")
+octet_rows_q4_0 = _octet_intrinsic("Q4_0")
+octet_rows_q4_1 = _octet_intrinsic("Q4_1")
+octet_rows_q8_0 = _octet_intrinsic("Q8_0")
+octet_rows_q4_k = _octet_intrinsic("Q4_K")
+octet_rows_q5_k = _octet_intrinsic("Q5_K")
+octet_rows_q6_k = _octet_intrinsic("Q6_K")
 
 
 # --------------------------------------------------------------------------- packing (numpy, at load)
 
 
 def pack_octets(codes: np.ndarray, fmt: str) -> np.ndarray:
-    """Codes [N, K] in element order (nibbles 0..15, or int8) -> uint8 [ceil(N/8), K/32, OCTET_BYTES]
-    in the octet layout (rows past N: zero codes)."""
+    """Codes [N, K] in element order (unsigned, or Q8_0's int8) -> uint8 [ceil(N/8), K/block,
+    OCTET_BYTES] in the octet layout (rows past N: zero codes)."""
+    spec = FORMATS[fmt]
     n, k = codes.shape
-    groups = -(-n // OCTET)
-    padded = np.zeros((groups * OCTET, k), codes.dtype)
+    groups, blocks = -(-n // OCTET), k // spec.block
+    padded = np.zeros((groups * OCTET, k), np.int16)
     padded[:n] = codes
-    blocks = padded.reshape(groups, OCTET, k // 32, 32)
-    if fmt == "Q8_0":  # [g, r, b, j, k] -> [g, b, j, r, k], biased to unsigned
-        quads = blocks.reshape(groups, OCTET, k // 32, 8, 4).transpose(0, 2, 3, 1, 4)
-        return np.ascontiguousarray((quads.astype(np.int16) + 128).astype(np.uint8)).reshape(groups, k // 32, -1)
+    padded[:n] += spec.bias
+    if not spec.nibbles:  # [g, r, b, j, k] -> [g, b, j, r, k]: chunk j lane r holds elements 4j..4j+3
+        quads = padded.reshape(groups, OCTET, blocks, spec.block // 4, 4).transpose(0, 2, 3, 1, 4)
+        return np.ascontiguousarray(quads.astype(np.uint8)).reshape(groups, blocks, -1)
     # [g, r, b, i, h, k]: element 8i + 4h + k; byte (i, r, k) = low h=0 | high h=1
-    parts = blocks.reshape(groups, OCTET, k // 32, 4, 2, 4).transpose(0, 2, 3, 1, 4, 5).astype(np.uint8)
-    return np.ascontiguousarray(parts[..., 0, :] | (parts[..., 1, :] << 4)).reshape(groups, k // 32, -1)
+    parts = padded.reshape(groups, OCTET, blocks, spec.block // 8, 2, 4).transpose(0, 2, 3, 1, 4, 5).astype(np.uint8)
+    return np.ascontiguousarray(parts[..., 0, :] | (parts[..., 1, :] << 4)).reshape(groups, blocks, -1)
 
 
 def unpack_octets(packed: np.ndarray, n: int, fmt: str) -> np.ndarray:
-    """``pack_octets``' inverse: [N, K] codes (uint8 nibbles, or int8)."""
+    """``pack_octets``' inverse: [N, K] codes (uint8, or int8 for Q8_0)."""
+    spec = FORMATS[fmt]
     groups, blocks, _ = packed.shape
-    if fmt == "Q8_0":
-        quads = packed.reshape(groups, blocks, 8, OCTET, 4).transpose(0, 3, 1, 2, 4)
-        return (quads.astype(np.int16) - 128).astype(np.int8).reshape(groups * OCTET, blocks * 32)[:n]
-    parts = packed.reshape(groups, blocks, 4, OCTET, 4)
+    if not spec.nibbles:
+        quads = packed.reshape(groups, blocks, spec.block // 4, OCTET, 4).transpose(0, 3, 1, 2, 4)
+        codes = quads.reshape(groups * OCTET, blocks * spec.block)[:n]
+        return (codes.astype(np.int16) - spec.bias).astype(np.int8) if spec.bias else np.ascontiguousarray(codes)
+    parts = packed.reshape(groups, blocks, spec.block // 8, OCTET, 4)
     both = np.stack([parts & 15, parts >> 4], axis=4)  # [g, b, i, r, h, k]
-    return np.ascontiguousarray(both.transpose(0, 3, 1, 2, 4, 5)).reshape(groups * OCTET, blocks * 32)[:n]
+    return np.ascontiguousarray(both.transpose(0, 3, 1, 2, 4, 5)).reshape(groups * OCTET, blocks * spec.block)[:n]
 
 
-def pack_scales(scales: np.ndarray) -> np.ndarray:
-    """Per-row block values [N, K/32] -> float32 [ceil(N/8), K/32, 8] (padding rows: 0)."""
-    n, blocks = scales.shape
+def pack_lanes(values: np.ndarray) -> np.ndarray:
+    """Per-row values [N, X] (a scale or sub-scale a block or super-block) -> [ceil(N/8), X, 8],
+    the octet's eight rows side by side (padding rows: 0); the dtype is kept."""
+    n, columns = values.shape
     groups = -(-n // OCTET)
-    padded = np.zeros((groups * OCTET, blocks), np.float32)
-    padded[:n] = scales
-    return np.ascontiguousarray(padded.reshape(groups, OCTET, blocks).transpose(0, 2, 1))
+    padded = np.zeros((groups * OCTET, columns), values.dtype)
+    padded[:n] = values
+    return np.ascontiguousarray(padded.reshape(groups, OCTET, columns).transpose(0, 2, 1))
 
 
-def unpack_scales(packed: np.ndarray, n: int) -> np.ndarray:
-    groups, blocks, _ = packed.shape
-    return np.ascontiguousarray(packed.transpose(0, 2, 1).reshape(groups * OCTET, blocks)[:n])
+def unpack_lanes(packed: np.ndarray, n: int) -> np.ndarray:
+    groups, columns, _ = packed.shape
+    return np.ascontiguousarray(packed.transpose(0, 2, 1).reshape(groups * OCTET, columns)[:n])
