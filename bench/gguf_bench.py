@@ -221,7 +221,20 @@ def random_1b_file(type_name: str) -> Path:
     state["model.norm.weight"] = np.ones(hidden, np.float32)
     state["lm_head.weight"] = normal(vocab, hidden)
     partial = path.with_suffix(".partial")
-    write_gguf(partial, state, qtype=type_name, config=c)
+    if type_name.endswith(("_S", "_M", "_L")):  # a llama.cpp file type (a mix, as Q4_K_M): its quantizer writes it
+        import llama_cpp
+
+        floats = path.with_suffix(".f32.partial")
+        write_gguf(floats, state, config=c)
+        del state
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_name}")
+        params.nthread = 2
+        rc = llama_cpp.llama_model_quantize(str(floats).encode(), str(partial).encode(), params)
+        floats.unlink()
+        assert rc == 0, f"llama_model_quantize failed ({rc})"
+    else:
+        write_gguf(partial, state, qtype=type_name, config=c)
     partial.rename(path)
     return path
 
@@ -335,7 +348,7 @@ def main() -> None:
     ap.add_argument("--prefill-tokens", type=int, default=512)
     ap.add_argument("--records", type=int, default=24)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--random-1b", default="", help="types of the random ~1B model to run instead, e.g. Q4_0,Q8_0")
+    ap.add_argument("--random-1b", default="", help="types of the random ~1B model to run instead, e.g. Q4_0,Q8_0 (or a llama.cpp mix: Q4_K_M)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
