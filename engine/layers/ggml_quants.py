@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from numba import njit, prange
 
+from . import numba_cache
 from .cpu_threads import run_rows, threads
 from .fp16_round import round_half
 from .int_dot import float_dot
@@ -62,6 +63,8 @@ from .octet_dot import (
 
 if TYPE_CHECKING:
     from .panel_linear import PanelWeight
+
+numba_cache.register()  # before the loops below enable their caches: they inline octet_dot's and int_dot's IR
 
 QK = 32
 QK_K = 256
