@@ -217,6 +217,9 @@ def _octets_of(g0, g1, kind, w, wd, wm, sc, mn, x8, xd, xt, xs, out):  # pragma:
             r += size
 
 
+# One compiled loop per format, written out: a model compiles only its own formats (a cold start
+# pays seconds a loop), and numba's disk cache keys a function by its name and line, so loops made
+# by a factory would overwrite each other's cache entries.
 @njit(nogil=True, cache=True, boundscheck=False)
 def _mm_q4_0(g0, g1, w, wd, wm, sc, mn, x8, xd, xt, xs, out):  # pragma: no cover - compiled
     _octets_of(g0, g1, 0, w, wd, wm, sc, mn, x8, xd, xt, xs, out)
