@@ -104,16 +104,11 @@ FORMATS = {
         OctetFormat("Q6_K", False, 16, 32, 0, 16, True, False),
     )
 }
-OCTET_BYTES = {name: f.block_bytes for name, f in FORMATS.items()}
-
-
-def _indices(values: list[int]) -> ir.Constant:
-    return ir.Constant(ir.VectorType(_I32, len(values)), values)
 
 
 def _splat(builder: ir.IRBuilder, value: ir.Value, vector: ir.VectorType) -> ir.Value:
     one = builder.insert_element(ir.Constant(vector, None), value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, one, _indices([0] * vector.count))
+    return builder.shuffle_vector(one, one, int_dot._indices([0] * vector.count))
 
 
 def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
@@ -221,7 +216,7 @@ octet_rows_q6_k = _octet_intrinsic("Q6_K")
 
 def pack_octets(codes: np.ndarray, fmt: str) -> np.ndarray:
     """Codes [N, K] in element order (unsigned, or Q8_0's int8) -> uint8 [ceil(N/8), K/block,
-    OCTET_BYTES] in the octet layout (rows past N: zero codes)."""
+    block_bytes] in the octet layout (rows past N: zero codes)."""
     spec = FORMATS[fmt]
     n, k = codes.shape
     groups, blocks = -(-n // OCTET), k // spec.block
