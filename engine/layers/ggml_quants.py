@@ -51,6 +51,8 @@ import torch
 import torch.nn.functional as F
 from numba import njit, prange
 
+from formcast_kernels.ggml_blocks import BlockMatrix
+
 from . import numba_cache
 from .cpu_threads import run_rows, threads
 from .fp16_round import round_half
@@ -639,27 +641,31 @@ class QuantizedWeight:
 
 class StackedWeight:
     """Matrices of different encodings stacked along N (a fused q/k/v whose v is another type):
-    each part multiplies on its own and the outputs are concatenated."""
+    each part multiplies on its own and the outputs are concatenated. Parts live on one device:
+    ``QuantizedWeight``s and float tensors on the CPU, ``BlockMatrix``es and tensors on a GPU."""
 
     def __init__(self, parts: list) -> None:  # type: ignore[type-arg]
         self.parts = parts
         self.shape = torch.Size((sum(p.shape[0] for p in parts), parts[0].shape[1]))
         self.dtype = torch.float32
-        self.device = torch.device("cpu")
+        self.device = parts[0].device
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        outs = [p.matmul(x) if isinstance(p, QuantizedWeight) else _float_linear(x, p) for p in self.parts]
+        outs = [_float_linear(x, p) if isinstance(p, torch.Tensor) else p.matmul(x) for p in self.parts]
         return torch.cat(outs, dim=-1)
 
 
 def _float_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    if w.device.type != "cpu":
+        return F.linear(x.to(w.dtype), w).float()
     from .cpu_linear import linear
 
     return linear(x.float(), w).float()
 
 
 def is_quantized(weight: object) -> bool:
-    return isinstance(weight, (QuantizedWeight, StackedWeight))
+    """A matrix kept in a ggml block format, on the CPU or (``BlockMatrix``) on a GPU."""
+    return isinstance(weight, (QuantizedWeight, StackedWeight, BlockMatrix))
 
 
 def quantized_weights(model: torch.nn.Module) -> Iterator[QuantizedWeight]:

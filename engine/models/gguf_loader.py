@@ -16,6 +16,12 @@ are fused already; ``attn_q_norm`` / ``attn_k_norm`` are the per-head q/k norms;
 a list of per-expert matrices), ``*_shexp`` Qwen2-MoE's shared expert. ``models.gguf_families``
 reads the families' metadata.
 
+On a CUDA device (``device="cuda"``) a quantized matrix becomes a
+``formcast_kernels.ggml_blocks.BlockMatrix`` instead, repacked on the GPU from the file's bytes
+and multiplied by Triton kernels that dequantize in registers; float tensors there are kept in
+``dtype`` (the loader's "auto" is bfloat16 on GPUs: the kernels accumulate in float32 whatever the
+activations' dtype).
+
 Architectures whose GGUF rotates adjacent pairs (``GGUFArchitecture.rope_interleaved``: llama)
 had their q / k rows permuted by llama.cpp's converter; the rows are put back in rotate-half order
 (whole rows move, so quantized blocks are reordered, never re-encoded).
@@ -33,6 +39,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from formcast_kernels.ggml_blocks import BlockMatrix
+
 from ..layers.ggml_quants import QUANT_TYPES, QuantizedWeight, StackedWeight
 from .config import ModelConfig, ModelLoadError
 from .gguf_file import GGUFFile, GGUFTensor
@@ -42,7 +50,7 @@ from .loader import attach_rotary
 FLOAT_TYPES = ("F32", "F16", "BF16")
 SUPPORTED_TYPES = frozenset(QUANT_TYPES + FLOAT_TYPES)
 
-Weight = Any  # torch.Tensor | QuantizedWeight | StackedWeight
+Weight = Any  # torch.Tensor | QuantizedWeight | BlockMatrix | StackedWeight
 
 W = TypeVar("W")
 
@@ -52,11 +60,11 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
 
 
 def load_gguf_model(path: str | os.PathLike[str], dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
-    if device.type != "cpu":
-        raise ModelLoadError(f"{path}: GGUF weights run on the CPU only (device {device} requested)")
+    if device.type not in ("cpu", "cuda"):
+        raise ModelLoadError(f"{path}: GGUF weights run on the CPU or a CUDA GPU (device {device} requested)")
     gf = open_gguf(path)
     cfg = gf.model_config()
-    weights = _Weights(gf, cfg, dtype)
+    weights = _Weights(gf, cfg, dtype, device)
     tensors: dict[str, Weight] = {
         "embed_tokens": weights.matrix("token_embd.weight"),
         "norm": weights.vector("output_norm.weight"),
@@ -75,6 +83,12 @@ def load_gguf_model(path: str | os.PathLike[str], dtype: torch.dtype, device: to
             put_weight(layer.get_submodule(owner), name, value)
     attach_rotary(model, cfg, dtype, device)
     return model.eval()
+
+
+def keeps_block_matrices(device: torch.device) -> bool:
+    """Whether block-format matrices load as ``BlockMatrix``es (the GPU kernels') rather than the
+    CPU's ``QuantizedWeight``s (tests patch it to run the GPU layout through its torch path)."""
+    return device.type != "cpu"
 
 
 def put_weight(module: nn.Module, name: str, value: Weight) -> None:
@@ -149,8 +163,21 @@ def _expert_weights(w: _Weights, p: str) -> dict[str, Weight]:
 
 
 class _Weights:
-    def __init__(self, gf: GGUFFile, cfg: ModelConfig, dtype: torch.dtype) -> None:
-        self.gf, self.cfg, self.dtype = gf, cfg, dtype
+    def __init__(self, gf: GGUFFile, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        self.gf, self.cfg, self.dtype, self.device = gf, cfg, dtype, device
+
+    def _encoded(self, type_name: str, data: np.ndarray, shape: tuple[int, int]) -> Weight:
+        """A block-format matrix from its file bytes: the CPU's ``QuantizedWeight``, or on a GPU a
+        ``BlockMatrix`` repacked there from the bytes (the Triton kernels' layout)."""
+        if not keeps_block_matrices(self.device):
+            return QuantizedWeight.from_gguf(type_name, data, shape)
+        raw = torch.from_numpy(np.array(data, dtype=np.uint8).reshape(shape[0], -1)).to(self.device)
+        return BlockMatrix.from_gguf(type_name, raw, shape)
+
+    def _placed(self, t: torch.Tensor) -> torch.Tensor:
+        """A float tensor on the model's device; on a GPU in the model's dtype, BF16 ones too
+        (the CPU keeps bfloat16 matrices as they are: ``cpu_linear`` widens them)."""
+        return t if self.device.type == "cpu" else t.to(self.device, self.dtype)
 
     def rope_rows(self, heads: int) -> np.ndarray | None:
         """Row order that undoes the converter's q/k permutation (None: the rows are in order)."""
@@ -167,17 +194,17 @@ class _Weights:
         t = self.gf.tensor(name)
         if t.ggml_type not in FLOAT_TYPES:
             raise ModelLoadError(f"{self.gf.path}: tensor {name!r} has type {t.ggml_type}; formcast needs it F32, F16 or BF16")
-        return self._released(t, self._float(t).to(self.dtype))
+        return self._released(t, self._placed(self._float(t).to(self.dtype)))
 
     def experts(self, name: str) -> Weight:
         """[E, N, K] expert matrices: a float tensor, or a list of E quantized matrices."""
         t = self._get(name, 3)
         if t.ggml_type in FLOAT_TYPES:
             m = self._float(t)
-            return self._released(t, m if t.ggml_type == "BF16" else m.to(self.dtype))
+            return self._released(t, self._placed(m if t.ggml_type == "BF16" else m.to(self.dtype)))
         data = np.asarray(t.data)
         try:
-            return self._released(t, [QuantizedWeight.from_gguf(t.ggml_type, data[e], t.shape[1:]) for e in range(t.shape[0])])
+            return self._released(t, [self._encoded(t.ggml_type, data[e], t.shape[1:]) for e in range(t.shape[0])])
         except (ValueError, TypeError) as exc:
             raise ModelLoadError(f"{self.gf.path}: tensor {name!r} ({t.ggml_type}, shape {list(t.shape)}): {exc}") from None
 
@@ -204,8 +231,8 @@ class _Weights:
         t = self._get(name, 1)
         if t.ggml_type not in FLOAT_TYPES:
             raise ModelLoadError(f"{self.gf.path}: tensor {name!r} has type {t.ggml_type}; a 1-D tensor must be F32, F16 or BF16")
-        v = self._released(t, self._float(t).to(self.dtype))
-        return v if rows is None else v[torch.from_numpy(rows)].contiguous()
+        v = self._released(t, self._placed(self._float(t).to(self.dtype)))
+        return v if rows is None else v[torch.from_numpy(rows).to(v.device)].contiguous()
 
     def matrix(self, name: str, rows: np.ndarray | None = None) -> Weight:
         t = self._get(name, 2)
@@ -214,16 +241,20 @@ class _Weights:
                 m = self._float(t)
                 if t.ggml_type != "BF16":  # bfloat16 matrices stay as they are (cpu_linear widens them)
                     m = m.to(self.dtype)
-                return self._released(t, m if rows is None else m[torch.from_numpy(rows)].contiguous())
-            w = self._released(t, QuantizedWeight.from_gguf(t.ggml_type, np.asarray(t.data), t.shape))
+                m = self._placed(m)
+                return self._released(t, m if rows is None else m[torch.from_numpy(rows).to(m.device)].contiguous())
+            w = self._released(t, self._encoded(t.ggml_type, np.asarray(t.data), t.shape))
         except (ValueError, TypeError) as exc:
             raise ModelLoadError(f"{self.gf.path}: tensor {name!r} ({t.ggml_type}, shape {list(t.shape)}): {exc}") from None
-        return w if rows is None else w.take_rows(rows)
+        if rows is None:
+            return w
+        return w.take_rows(rows if isinstance(w, QuantizedWeight) else torch.from_numpy(rows).to(self.device))
 
     @staticmethod
     def stack(parts: list[Weight]) -> Weight:
         if all(isinstance(p, torch.Tensor) for p in parts) and len({p.dtype for p in parts}) == 1:
             return torch.cat(parts)
-        if all(isinstance(p, QuantizedWeight) for p in parts) and len({p.type_name for p in parts}) == 1:
-            return QuantizedWeight.cat(parts)
+        for kind in (QuantizedWeight, BlockMatrix):
+            if all(isinstance(p, kind) for p in parts) and len({p.type_name for p in parts}) == 1:
+                return kind.cat(parts)
         return StackedWeight(parts)

@@ -160,6 +160,8 @@ class LlamaForCausalLM(nn.Module):
         """Final-normed hidden states [T, hidden] of the flat tokens of ``batch``."""
         assert self.rotary is not None, "load the model through models.loader"
         hidden = embedding(batch.input_ids, self.embed_tokens)
+        if hidden.dtype != self.norm.weight.dtype:  # a block-format embedding on a GPU dequantizes to float32
+            hidden = hidden.to(self.norm.weight.dtype)
         if self.config.embed_scale is not None:
             # transformers multiplies by the scale rounded to the weights' dtype
             hidden = hidden * torch.tensor(self.config.embed_scale, dtype=hidden.dtype)

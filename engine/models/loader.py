@@ -55,10 +55,11 @@ AUTO_BF16_MIN_SPEEDUP = 1.3
 def resolve_dtype(
     dtype: str | torch.dtype, device: torch.device, quantized: bool = False, declared: str | None = None
 ) -> torch.dtype:
-    """``quantized``: the weights stay in ggml block formats, whose kernels compute in float32,
-    so ``"auto"`` is float32 there. ``declared``: the checkpoint's ``torch_dtype`` / ``dtype``,
+    """``quantized``: the weights stay in ggml block formats, whose CPU kernels compute in
+    float32, so ``"auto"`` is float32 there (on a GPU the Triton kernels take half-precision
+    activations: ``auto_dtype``). ``declared``: the checkpoint's ``torch_dtype`` / ``dtype``,
     which ``"auto"`` keeps where the device runs it fast (``auto_dtype``)."""
-    if quantized and dtype == "auto":
+    if quantized and dtype == "auto" and device.type == "cpu":
         return torch.float32
     if isinstance(dtype, torch.dtype):
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -147,10 +148,8 @@ def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device, qua
             raise ModelLoadError(str(exc)) from None
         if folder.is_file():
             raise ModelLoadError(f"{folder}: a GGUF file keeps its own encoding; quantization={quantization!r} applies to Hugging Face folders")
-        if device.type != "cpu":
-            raise ModelLoadError(f"quantization={quantization!r} runs on the CPU only (device {device} requested)")
-        if dtype != torch.float32:
-            raise ModelLoadError(f"quantization={quantization!r} computes in float32 (dtype {dtype} requested)")
+        if device.type == "cpu" and dtype != torch.float32:
+            raise ModelLoadError(f"quantization={quantization!r} computes in float32 on the CPU (dtype {dtype} requested)")
     if folder.is_file():
         from .gguf_loader import load_gguf_model
 

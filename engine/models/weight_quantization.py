@@ -11,8 +11,10 @@ matrix llama.cpp's converter would write.
 
 What stays in floating point: norms, biases, routers and the stacked expert tensors of a mixture
 of experts (the expert kernel takes float stacks), and any matrix whose rows are not whole
-32-weight groups. Weights are 3.8x (int8) and 7.1x (int4) smaller than float32; the forward runs
-in float32 (the kernels' accumulation type). CPU only, as the kernels.
+32-weight groups. Weights are 3.8x (int8) and 7.1x (int4) smaller than float32; on the CPU the
+forward runs in float32 (the kernels' accumulation type). On a CUDA device the encoded matrices
+are ``formcast_kernels.ggml_blocks.BlockMatrix``es (the Triton kernels a GGUF file's weights use
+there) and the rest of the model keeps its half-precision dtype.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Iterator
 import numpy as np
 import torch
 from torch import nn
+
+from formcast_kernels.ggml_blocks import BlockMatrix
 
 from ..layers.ggml_quants import QK, QuantizedWeight
 from ..layers.panel_linear import PanelWeight
@@ -47,8 +51,9 @@ def check_scheme(scheme: str | None) -> str | None:
     return scheme
 
 
-def quantize_matrix(weight: torch.Tensor, scheme: str) -> QuantizedWeight:
-    """A float [N, K] matrix (K a multiple of 32) in the scheme's ggml block format."""
+def quantize_matrix(weight: torch.Tensor, scheme: str) -> QuantizedWeight | BlockMatrix:
+    """A float [N, K] matrix (K a multiple of 32) in the scheme's ggml block format, on the
+    matrix's device (a GPU's: a ``BlockMatrix`` for the Triton kernels)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
@@ -57,6 +62,8 @@ def quantize_matrix(weight: torch.Tensor, scheme: str) -> QuantizedWeight:
     if k % QK:
         raise ValueError(f"rows of {k} weights are not whole {QK}-weight groups")
     raw = quantize(weight.detach().float().cpu().numpy(), GGMLQuantizationType[type_name])
+    if weight.device.type != "cpu":
+        return BlockMatrix.from_gguf(type_name, torch.from_numpy(np.ascontiguousarray(raw)).to(weight.device), (n, k))
     return QuantizedWeight.from_gguf(type_name, np.ascontiguousarray(raw), (n, k))
 
 
@@ -91,7 +98,7 @@ def quantize_model(model: nn.Module, scheme: str) -> QuantizationReport:
     done: list[str] = []
     kept: list[str] = []
     before = after = 0
-    encoded: dict[int, QuantizedWeight] = {}  # id(tensor) -> its encoding: a tied head is encoded once
+    encoded: dict[int, QuantizedWeight | BlockMatrix] = {}  # id(tensor) -> its encoding: a tied head is encoded once
 
     def encode(owner: nn.Module, name: str, path: str) -> None:
         nonlocal before, after
