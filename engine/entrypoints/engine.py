@@ -105,6 +105,7 @@ class Engine:
             context_length=args.context_length,
             num_threads=args.num_threads,
             quantization=args.quantization,
+            cuda_graph_max_bs=0 if args.disable_cuda_graph else args.cuda_graph_max_bs,
         )
         # The model's CPU kernels compile (cold) or load (warm) on a thread while the tokenizer and
         # the vocabulary load: on a cold cache the decode attention's compile is a child process's

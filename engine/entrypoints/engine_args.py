@@ -38,6 +38,10 @@ class EngineArgs:
     # greedy output. Costs about 2x the prefill time (512 tokens: 1.3 -> 2.5 s). Process-wide:
     # the switch is the layers' (the last Engine created sets it).
     enable_deterministic_inference: bool = False
+    # CUDA: decode batches of up to this many rows replay CUDA graphs captured at start (None:
+    # min(max_running_requests, 32)); disable_cuda_graph turns them off. Ignored on the CPU.
+    cuda_graph_max_bs: int | None = None
+    disable_cuda_graph: bool = False
     reasoning_end: str | None = None  # e.g. "</think>": the constraint applies after it
     # A reasoning model's syntax by name (qwen3, deepseek-r1: <think>...</think>); sets reasoning_end.
     reasoning_parser: str | None = None
@@ -91,6 +95,8 @@ class EngineArgs:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
+        if self.cuda_graph_max_bs is not None and (not isinstance(self.cuda_graph_max_bs, int) or self.cuda_graph_max_bs < 0):
+            raise ValueError(f"cuda_graph_max_bs must be None or an integer >= 0, got {self.cuda_graph_max_bs!r}")
         if not isinstance(self.grammar_compile_processes, int) or self.grammar_compile_processes < 0:
             raise ValueError(f"grammar_compile_processes must be an integer >= 0, got {self.grammar_compile_processes!r}")
         if self.tool_call_parser is not None:

@@ -62,6 +62,10 @@ the pool, without the gathered copy and the padding: on the CPU with a float32 c
 compiled loop of ``cpu_decode_attention`` (numba), on CUDA the Triton kernel of
 ``formcast_kernels.paged_decode_attention``. The grouped SDPA path is the reference both are tested
 against, and serves the remaining cases (a float16 cache on the CPU, no numba).
+
+CUDA graphs (``model_executor.cuda_graph_runner``): metadata whose ``table_decode`` is set makes
+every token a decode row read straight from ``req_to_token`` through static device tensors
+(``TableDecode``; plain layers only), so a captured forward replays for any lengths.
 """
 
 from __future__ import annotations
@@ -131,6 +135,8 @@ class AttentionMetadata:
     paged_decode: PagedDecode | None = None
     # (window, soft-capped on CUDA) -> the metadata of that layer kind; (None, False) is this one.
     variants: dict[tuple[int | None, bool], AttentionMetadata] = field(default_factory=dict)
+    # Set (by the CUDA graph runner) instead of everything above: see TableDecode.
+    table_decode: TableDecode | None = None
 
 
 def group_decode_rows(lengths: list[int]) -> list[list[int]]:
@@ -327,6 +333,9 @@ class TorchAttention:
             q, k, v = _round_f16(q), _round_f16(k), _round_f16(v)
         pool.set_kv(layer, batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.k_buffer[layer], pool.v_buffer[layer]
+        if batch.attn_metadata.table_decode is not None:
+            assert window is None and softcap is None and not self.f16, "table decode: plain layers only"
+            return table_decode_forward(q, k_buf, v_buf, batch.attn_metadata.table_decode, scale)
         meta = self._metadata(batch, window, softcap)
         out = torch.empty_like(q)
         heads, dim = q.shape[1], q.shape[2]
@@ -372,6 +381,59 @@ class TorchAttention:
                 od.copy_(o32)
         if pd.token_index is not None:
             out.index_copy_(0, pd.token_index, od)
+
+
+# ------------------------------------------------------------------ CUDA graphs
+# Decode metadata with no host data in it, for a forward captured in a CUDA graph and replayed
+# (engine/model_executor/cuda_graph_runner.py). The layouts above are host lists whose sizes
+# change every step; this one is the static buffers themselves.
+
+
+@dataclass
+class TableDecode:
+    """Every token of the batch is a decode row that reads its keys straight from the request
+    table: row ``b``'s are ``req_to_token[req_pool_indices[b], :seq_lens[b]]``. Plain layers only
+    (no window, no soft cap, not ``f16``). ``num_splits``: the Triton kernel's context splits,
+    fixed per batch-size bucket."""
+
+    req_to_token: torch.Tensor  # [R, C]
+    req_pool_indices: torch.Tensor  # [B]
+    seq_lens: torch.Tensor  # [B]
+    num_splits: int = 1
+    # req_pool_indices * C: where each row starts in the flattened table, computed once per
+    # forward (inside the graph) and shared by the layers; None off CUDA.
+    row_start: torch.Tensor | None = None
+
+    @classmethod
+    def build(cls, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, num_splits: int) -> TableDecode:
+        cuda = req_to_token.device.type == "cuda"
+        start = req_pool_indices * req_to_token.shape[1] if cuda else None
+        return cls(req_to_token, req_pool_indices, seq_lens, num_splits, start)
+
+
+def table_decode_forward(
+    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, td: TableDecode, scale: float | None = None
+) -> torch.Tensor:
+    """q [B, heads, d] (one token per row) -> attention output [B, heads, d], with fixed shapes
+    whatever the lengths: the request-table Triton kernel on CUDA; elsewhere (the graph runner's
+    logic run eagerly on the CPU) one masked SDPA over the table's full width."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if q.device.type == "cuda":
+        from formcast_kernels import table_decode_attention
+
+        out = torch.empty_like(q)
+        table_decode_attention(q, k_buf, v_buf, td.req_to_token, td.req_pool_indices, td.seq_lens, out, scale,
+                               td.num_splits, row_start=td.row_start)  # fmt: skip
+        return out
+    width = td.req_to_token.shape[1]
+    real = torch.arange(width, device=q.device).unsqueeze(0) < td.seq_lens.unsqueeze(1)  # [B, C]
+    # Past a row's end the table holds stale slots whose K/V may be anything (NaN would survive
+    # the mask): read slot 0 there, which is finite, and masked out.
+    slots = torch.where(real, td.req_to_token.index_select(0, td.req_pool_indices), 0)
+    k = k_buf[slots].transpose(1, 2)  # [B, kv_heads, C, d]
+    v = v_buf[slots].transpose(1, 2)
+    o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=real[:, None, None, :], scale=scale, enable_gqa=True)
+    return o.squeeze(2)
 
 
 def _visible(seq_len: int, window: int | None) -> tuple[int, int]:

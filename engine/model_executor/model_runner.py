@@ -11,6 +11,10 @@ The KV pool is sized once, from ``max_total_tokens`` or from ``mem_fraction`` of
 after the weights are loaded; ``max_running_requests`` sizes the request-slot pool. Everything
 runs under ``torch.inference_mode``. The runner never sees a scheduler object: the batch is
 tensors and lengths only.
+
+On CUDA, decode steps of up to ``cuda_graph_max_bs`` rows (default: min(max_running_requests,
+32); 0: off) replay CUDA graphs captured at the end of construction, when the model is eligible
+(``cuda_graph_runner``); every other batch, and everything on the CPU, runs eagerly.
 """
 
 from __future__ import annotations
@@ -29,9 +33,12 @@ from ..models.llama import LlamaForCausalLM
 from ..models.loader import is_gguf, load_config, load_model, resolve_dtype
 from ..sampling.sampler import Sampler, SamplerOutput
 from ..forward.forward_batch import ForwardBatch
+from .cuda_graph_runner import CudaGraphRunner, graph_ineligibility
 
 # Never size the KV pool below this many tokens, whatever mem_fraction says.
 MIN_KV_TOKENS = 256
+# Decode batches up to this many rows replay CUDA graphs unless cuda_graph_max_bs says otherwise.
+DEFAULT_CUDA_GRAPH_MAX_BS = 32
 
 
 class ModelRunner:
@@ -48,9 +55,14 @@ class ModelRunner:
         num_threads: int | None = None,
         model: LlamaForCausalLM | None = None,
         quantization: str | None = None,
+        cuda_graph_max_bs: int | None = None,
     ) -> None:
         """``model``: run this already-loaded model (e.g. a draft sharing the target's layers)
-        instead of loading ``model_path``; ``dtype`` is then the model's."""
+        instead of loading ``model_path``; ``dtype`` is then the model's. ``cuda_graph_max_bs``:
+        the largest decode batch run in a CUDA graph (None: min(max_running_requests, 32); 0:
+        no graphs; ignored off CUDA)."""
+        if cuda_graph_max_bs is not None and cuda_graph_max_bs < 0:
+            raise ValueError(f"cuda_graph_max_bs must be None or >= 0, got {cuda_graph_max_bs}")
         if not 0.0 < mem_fraction <= 1.0:
             raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
         if max_running_requests < 1:
@@ -61,7 +73,7 @@ class ModelRunner:
         self.model_path = Path(model_path) if model_path is not None else _default_model_path()
         if model is not None:
             self.model, self.model_config = model, model.config
-            self.dtype = model.embed_tokens.dtype
+            self.dtype = model.norm.weight.dtype  # the activations' (a block-format embedding's is its kernels' float32)
         else:
             self.model_config = load_config(self.model_path)
             quantized = is_gguf(self.model_path) or quantization is not None
@@ -89,6 +101,11 @@ class ModelRunner:
         self.attn_backend = TorchAttention(f16=cfg.ggml_numerics, every_query_alone=quantized)
         self.bind_threads()
         self.sampler = Sampler()
+        self.cuda_graph_runner: CudaGraphRunner | None = None
+        if self.device.type == "cuda" and cuda_graph_max_bs != 0 and graph_ineligibility(self) is None:
+            max_bs = min(max_running_requests, DEFAULT_CUDA_GRAPH_MAX_BS) if cuda_graph_max_bs is None else cuda_graph_max_bs
+            self.cuda_graph_runner = CudaGraphRunner(self, max_bs)
+            self.cuda_graph_runner.capture()
 
     def bind_threads(self) -> None:
         """Give the calling thread the runner's thread count for the compiled loops: torch's count
@@ -113,6 +130,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> LogitsProcessorOutput:
+        graphs = self.cuda_graph_runner
+        if graphs is not None and graphs.can_run(batch):
+            return graphs.replay(batch)
         batch.attn_metadata = self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch, self.attn_backend)
         return compute_logits(hidden, self.model.lm_head, batch, self.model_config.final_softcap)
