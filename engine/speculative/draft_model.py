@@ -110,7 +110,7 @@ class DraftModelDrafter(Drafter):
         for t in run:
             tokens.append(t)
             forced.append(True)
-            point = torch.zeros(width, dtype=probs[-1].dtype)
+            point = torch.zeros(width, dtype=probs[-1].dtype, device=probs[-1].device)
             point[t] = 1.0
             probs.append(point)
         return not matcher.is_terminated()
@@ -173,7 +173,7 @@ class DraftModelDrafter(Drafter):
     def _truncate(self, cache: _DraftCache, keep: int) -> None:
         if keep >= cache.kv_len:
             return
-        flat = torch.cat(cache.locs) if cache.locs else torch.empty(0, dtype=torch.int64)
+        flat = torch.cat(cache.locs) if cache.locs else torch.empty(0, dtype=torch.int64, device=self.runner.device)
         self.runner.token_to_kv_pool.free(flat[keep:])
         cache.locs = [flat[:keep]] if keep else []
         cache.kv_len = keep

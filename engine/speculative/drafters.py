@@ -356,8 +356,8 @@ class ChainDrafter(Drafter):
             tokens = state.tokens
             probs = draft.probs
             if probs is not None and len(tokens) > len(draft.tokens):  # grammar drafts are point masses
-                extra = torch.zeros(len(tokens) - len(draft.tokens), probs.shape[1], dtype=probs.dtype)
-                extra[torch.arange(extra.shape[0]), torch.tensor(tokens[len(draft.tokens) :])] = 1.0
+                extra = torch.zeros(len(tokens) - len(draft.tokens), probs.shape[1], dtype=probs.dtype, device=probs.device)
+                extra[torch.arange(extra.shape[0], device=probs.device), torch.tensor(tokens[len(draft.tokens) :], device=probs.device)] = 1.0
                 probs = torch.cat([probs, extra])
             out.append(Draft(tokens, probs, draft.forced))
         return out

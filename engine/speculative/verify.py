@@ -59,7 +59,8 @@ def verify_drafts(
 def draw_token(weights: torch.Tensor, u: float) -> int:
     """Inverse-CDF draw from non-negative ``weights`` [V] with uniform ``u``."""
     cdf = weights.double().cumsum(0)
-    idx = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True)[0])
+    point = torch.tensor([u * float(cdf[-1])], dtype=torch.float64, device=cdf.device)
+    idx = int(torch.searchsorted(cdf, point, right=True)[0])
     idx = min(idx, weights.numel() - 1)
     if float(weights[idx]) <= 0.0:  # rounding put the draw past the last token with mass
         idx = int(torch.nonzero(weights > 0)[-1])

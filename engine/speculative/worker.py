@@ -76,7 +76,7 @@ class SpeculativeWorker:
         info, layout = forward.sampling_info, forward.row_layout
         assert info is not None and layout is not None
         dist = self.sampler.distribution(logits, info)
-        chosen = torch.zeros(info.batch_size, dtype=torch.int64)
+        chosen = torch.zeros(info.batch_size, dtype=torch.int64, device=logits.device)
         verdicts = []
         for span in layout.spans:
             req, draft, start, k = batch.reqs[span.row], batch.drafts[span.row], span.start, span.drafts
