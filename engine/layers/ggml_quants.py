@@ -1,8 +1,9 @@
 """ggml's block formats on the CPU: weights kept in their encoding, dot products as the format defines them.
 
 ``QuantizedWeight.from_gguf(type_name, raw)`` takes a GGUF tensor's bytes [N, row_bytes] and keeps
-them block by block in arrays a compiled loop reads directly (each fp16 scale widened to float32
-once at load, so the loop does no half-float conversion):
+them block by block in arrays a compiled loop reads directly (the octet formats' fp16 scales kept
+as the file's half-precision bits and widened in the loop, ``octet_dot.half_to_float``; Q5_0 /
+Q5_1 widen theirs to float32 at load):
 
 | type | block | kept as | activation quantized to |
 | --- | ---: | --- | --- |
@@ -13,9 +14,9 @@ once at load, so the loop does no half-float conversion):
 | Q6_K | 256 | codes 0..63 in octets, a byte each; d a super-block, the int8 scales a 16-block | Q8_K |
 | Q5_0 / Q5_1 | 32 | nibbles as in the file, the fifth bits as uint32, d (and m), row by row | Q8_0 / Q8_1 |
 
-In memory a matrix takes its file's bytes times about 1.06 (Q4_K, Q8_0), 1.1 (Q4_0), 1.2 (Q4_1),
-1.3 (Q6_K) and 1.6 (Q5_K): the 32-element formats' scales are widened to float32, and the 5- and
-6-bit codes to a byte (a Q4_K_M file, mostly Q4_K with some Q6_K, about 1.1x).
+In memory a matrix takes its file's bytes times about 1.0 (Q4_0, Q4_1, Q8_0), 1.03 (Q4_K), 1.3
+(Q6_K) and 1.6 (Q5_K): the K-quants' 6-bit sub-scales and mins take a byte each, and the 5- and
+6-bit codes a byte (a Q4_K_M file, mostly Q4_K with some Q6_K, about 1.07x).
 
 A linear layer on a few activation rows (decode, speculative verification, mixed batches) first
 quantizes each row the way llama.cpp does for that format (8-bit blocks with an fp16 scale, plus
@@ -59,7 +60,7 @@ from .fp16_round import round_half
 from .int_dot import float_dot
 from .octet_dot import FORMATS as OCTET_FORMATS
 from .octet_dot import (
-    MAX_ROWS, OCTET, octet_rows_q4_0, octet_rows_q4_1, octet_rows_q4_k, octet_rows_q5_k, octet_rows_q6_k, octet_rows_q8_0,
+    MAX_ROWS, OCTET, half_to_float, octet_rows_q4_0, octet_rows_q4_1, octet_rows_q4_k, octet_rows_q5_k, octet_rows_q6_k, octet_rows_q8_0,
     pack_lanes, pack_octets, unpack_lanes, unpack_octets,
 )  # fmt: skip
 
@@ -80,6 +81,17 @@ _Q8_1_TYPES = ("Q4_1", "Q5_1")  # the formats with a minimum: activations carry 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)[..., 0]
+
+
+def _f16_bits(raw: np.ndarray) -> np.ndarray:
+    """A block's fp16 field as its bit pattern (uint16): how the octet loops keep scales."""
+    return np.ascontiguousarray(raw).view(np.uint16)[..., 0]
+
+
+def _half_bits(values: np.ndarray) -> np.ndarray:
+    """Scales as half-precision bit patterns: kept if they are already, else rounded to float16
+    (exact for a file's scales, which are float16 values)."""
+    return values if values.dtype == np.uint16 else np.asarray(values, np.float32).astype(np.float16).view(np.uint16)
 
 
 # --------------------------------------------------------------------------- activation quantizers
@@ -402,13 +414,13 @@ def _dequant_octets(i0, i1, nibbles, block, offset, super_blocks, minimum, w, wd
         g, r = rows[i] >> 3, rows[i] & 7
         for b in range(w.shape[1]):
             if super_blocks:
-                d = wd[g, b // super_blocks, r] * np.float32(sc[g, b, r])
+                d = half_to_float(wd[g, b // super_blocks, r]) * np.float32(sc[g, b, r])
                 m = np.float32(0.0)
                 if minimum:
-                    m = wm[g, b // super_blocks, r] * np.float32(mn[g, b, r])
+                    m = half_to_float(wm[g, b // super_blocks, r]) * np.float32(mn[g, b, r])
             else:
-                d = wd[g, b, r]
-                m = wm[g, b, r] if minimum else np.float32(0.0)
+                d = half_to_float(wd[g, b, r])
+                m = half_to_float(wm[g, b, r]) if minimum else np.float32(0.0)
             for e in range(block):
                 if nibbles:  # chunk e // 8, lane r, byte e % 4; the high nibble where e % 8 >= 4
                     byte = np.int32(w[g, b, (e >> 3) * 32 + r * 4 + (e & 3)])
@@ -446,14 +458,14 @@ def _file_rows(type_name: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
     Q6_K's int8; 6-bit mins)."""
     n = blocks.shape[0]
     if type_name in ("Q4_0", "Q4_1", "Q8_0"):
-        rows = {"d": _f16(blocks[..., 0:2])}
+        rows = {"d": _f16_bits(blocks[..., 0:2])}
         if type_name == "Q8_0":
             rows["codes"] = np.ascontiguousarray(blocks[..., 2:34]).view(np.int8).reshape(n, -1)
             return rows
         nibbles = blocks[..., 4:20] if type_name == "Q4_1" else blocks[..., 2:18]  # element j low, j + 16 high
         rows["codes"] = np.concatenate([nibbles & 15, nibbles >> 4], axis=2).reshape(n, -1)
         if type_name == "Q4_1":
-            rows["m"] = _f16(blocks[..., 2:4])
+            rows["m"] = _f16_bits(blocks[..., 2:4])
         return rows
     nsb = blocks.shape[1]
     if type_name in ("Q4_K", "Q5_K"):
@@ -466,7 +478,7 @@ def _file_rows(type_name: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
             shifts = np.arange(8, dtype=np.uint8).reshape(4, 2)  # chunk c, half h -> bit 2c + h
             codes = codes | (((qh[:, :, None, None, :] >> shifts[None, None, :, :, None]) & 1) << 4)
         return {
-            "codes": codes.reshape(n, -1).astype(np.uint8), "d": _f16(blocks[..., 0:2]), "m": _f16(blocks[..., 2:4]),
+            "codes": codes.reshape(n, -1).astype(np.uint8), "d": _f16_bits(blocks[..., 0:2]), "m": _f16_bits(blocks[..., 2:4]),
             "sc": sc.reshape(n, -1).astype(np.uint8), "mn": mn.reshape(n, -1).astype(np.uint8),
         }  # fmt: skip
     # Q6_K: ql[128], qh[64], scales int8[16], d; codes 0..63 (the value is code - 32)
@@ -475,12 +487,18 @@ def _file_rows(type_name: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
     lo = ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4
     codes = np.stack([lo[i] | (((qh >> (2 * i)) & 3) << 4) for i in range(4)], axis=3)  # [n, nsb, half, 4, 32]
     scales = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).reshape(n, -1)
-    return {"codes": codes.reshape(n, -1).astype(np.uint8), "d": _f16(blocks[..., 208:210]), "sc": scales}
+    return {"codes": codes.reshape(n, -1).astype(np.uint8), "d": _f16_bits(blocks[..., 208:210]), "sc": scales}
 
 
 def _octet_arrays(type_name: str, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``_file_rows``' per-row arrays -> the octet arrays the loops read (``octet_dot``)."""
-    return {("octets" if key == "codes" else f"octet_{key}"): (pack_octets(value, type_name) if key == "codes" else pack_lanes(value)) for key, value in rows.items()}
+    """``_file_rows``' per-row arrays -> the octet arrays the loops read (``octet_dot``): ``d`` and
+    ``m`` as half-precision bit patterns."""
+    def packed(key: str, value: np.ndarray) -> np.ndarray:
+        if key == "codes":
+            return pack_octets(value, type_name)
+        return pack_lanes(_half_bits(value) if key in ("d", "m") else value)
+
+    return {("octets" if key == "codes" else f"octet_{key}"): packed(key, value) for key, value in rows.items()}
 
 
 class QuantizedWeight:

@@ -37,8 +37,10 @@ the instruction ``int_dot.quad_sums`` picks.
     octet_rows_q4_0(w, wd, wm, sc, mn, x, xd, xt, xs, blocks, out, out_step, count)
     (and _q4_1, _q8_0, _q4_k, _q5_k, _q6_k)
 
-``w`` (``block_bytes`` a block), ``wd`` / ``wm`` (float32, eight a block, or a super-block for the
-K-quants), ``sc`` / ``mn`` (the K-quants' sub-scales and mins, eight bytes a block): the octet's
+``w`` (``block_bytes`` a block), ``wd`` / ``wm`` (half-precision bit patterns as uint16, eight a
+block, or a super-block for the K-quants: the file's own fp16 scales, widened exactly in the loop
+by ``_half_to_float``; widened to float32 at load they took 2 bytes more a block and row, 11% of
+a Q4_0 matrix, 20% of Q4_1's, and a decode step of a large model reads nothing else), ``sc`` / ``mn`` (the K-quants' sub-scales and mins, eight bytes a block): the octet's
 arrays; those a format has not are never read. ``x`` (int8 codes), ``xd`` (float32 scale a
 block), ``xt`` (int32 code sum a block), ``xs`` (float32 a block: Q8_1's d times the code sum for
 Q4_1, minus the block's value sum for the K-quants): activation row t's at ``x + t * block *
@@ -58,8 +60,8 @@ from numba.core.extending import intrinsic
 
 from . import int_dot
 
-_I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
-_V32I8, _V8I32, _V8F32 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
+_I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
+_V32I8, _V8I16, _V8I32, _V8F32 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 8), ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
 
 OCTET = 8  # weight rows an octet
 MAX_ROWS = 4  # activation rows a call: eight unpacked weight vectors plus a chain per row stay in registers
@@ -106,6 +108,48 @@ FORMATS = {
 }
 
 
+def _const(like: ir.Type, value: int | float) -> ir.Constant:
+    """``value`` in every lane of ``like`` (a vector type) or as a scalar of it."""
+    if isinstance(like, ir.VectorType):
+        return ir.Constant(like, [value] * like.count)
+    return ir.Constant(like, value)
+
+
+def _half_to_float(builder: ir.IRBuilder, bits: ir.Value) -> ir.Value:
+    """IEEE half-precision bit patterns (i16, scalar or vector) -> float32, exactly, in integer and
+    float IR that any target compiles (no F16C instruction, no libcall, no subnormal flush):
+    normal numbers rebias their exponent, zeros and subnormals are their mantissa times 2**-24,
+    infinities and NaNs keep their payload."""
+    i16 = bits.type
+    i32 = ir.VectorType(_I32, i16.count) if isinstance(i16, ir.VectorType) else _I32
+    f32 = ir.VectorType(_F32, i16.count) if isinstance(i16, ir.VectorType) else _F32
+    h = builder.zext(bits, i32)
+    sign = builder.shl(builder.and_(h, _const(i32, 0x8000)), _const(i32, 16))
+    exponent = builder.and_(builder.lshr(h, _const(i32, 10)), _const(i32, 0x1F))
+    mantissa = builder.and_(h, _const(i32, 0x3FF))
+    normal = builder.or_(builder.shl(builder.add(exponent, _const(i32, 112)), _const(i32, 23)), builder.shl(mantissa, _const(i32, 13)))
+    special = builder.or_(_const(i32, 0x7F800000), builder.shl(mantissa, _const(i32, 13)))
+    small = builder.bitcast(builder.fmul(builder.uitofp(mantissa, f32), _const(f32, 2.0**-24)), i32)  # exact: < 2**10 times a power of two
+    magnitude = builder.select(
+        builder.icmp_unsigned("==", exponent, _const(i32, 0)), small,
+        builder.select(builder.icmp_unsigned("==", exponent, _const(i32, 0x1F)), special, normal),
+    )  # fmt: skip
+    return builder.bitcast(builder.or_(sign, magnitude), f32)
+
+
+@intrinsic
+def half_to_float(typingctx, bits):  # type: ignore[no-untyped-def]
+    """A half-precision scale's bit pattern (uint16) as the float32 it stands for (numba's CPU
+    target has no float16 type): ``_half_to_float``."""
+    if not isinstance(bits, types.Integer) or bits.bitwidth != 16:
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return _half_to_float(builder, args[0])
+
+    return types.float32(bits), codegen
+
+
 def _splat(builder: ir.IRBuilder, value: ir.Value, vector: ir.VectorType) -> ir.Value:
     one = builder.insert_element(ir.Constant(vector, None), value, ir.Constant(_I32, 0))
     return builder.shuffle_vector(one, one, int_dot._indices([0] * vector.count))
@@ -120,8 +164,8 @@ def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Val
 def _octet_rows(builder: ir.IRBuilder, args: list[ir.Value], count: int, fmt: OctetFormat) -> None:
     w_addr, wd_addr, wm_addr, sc_addr, mn_addr, x_addr, xd_addr, xt_addr, xs_addr, blocks, out_addr, out_step = args
     w = builder.inttoptr(w_addr, _V32I8.as_pointer())
-    wd = builder.inttoptr(wd_addr, _V8F32.as_pointer())
-    wm = builder.inttoptr(wm_addr, _V8F32.as_pointer())
+    wd = builder.inttoptr(wd_addr, _V8I16.as_pointer())  # half-precision bit patterns, as in the file
+    wm = builder.inttoptr(wm_addr, _V8I16.as_pointer())
     sub_type = ir.VectorType(_I8, OCTET).as_pointer()
     sc, mn = builder.inttoptr(sc_addr, sub_type), builder.inttoptr(mn_addr, sub_type)
     x = builder.inttoptr(x_addr, _I32.as_pointer())  # four codes an int32
@@ -147,11 +191,11 @@ def _octet_rows(builder: ir.IRBuilder, args: list[ir.Value], count: int, fmt: Oc
         if fmt.super_blocks:  # d (and dmin) of the block's super-block times its 6-bit / int8 sub-scales
             sup = builder.sdiv(b, ir.Constant(b.type, fmt.super_blocks))
             to_float = builder.sitofp if fmt.signed_scales else builder.uitofp
-            w_scale = builder.fmul(builder.load(builder.gep(wd, [sup]), align=4), to_float(builder.load(builder.gep(sc, [b]), align=1), _V8F32))
-            w_min = builder.fmul(builder.load(builder.gep(wm, [sup]), align=4), builder.uitofp(builder.load(builder.gep(mn, [b]), align=1), _V8F32)) if fmt.minimum else None
+            w_scale = builder.fmul(_half_to_float(builder, builder.load(builder.gep(wd, [sup]), align=2)), to_float(builder.load(builder.gep(sc, [b]), align=1), _V8F32))
+            w_min = builder.fmul(_half_to_float(builder, builder.load(builder.gep(wm, [sup]), align=2)), builder.uitofp(builder.load(builder.gep(mn, [b]), align=1), _V8F32)) if fmt.minimum else None
         else:
-            w_scale = builder.load(builder.gep(wd, [b]), align=4)
-            w_min = builder.load(builder.gep(wm, [b]), align=4) if fmt.minimum else None
+            w_scale = _half_to_float(builder, builder.load(builder.gep(wd, [b]), align=2))
+            w_min = _half_to_float(builder, builder.load(builder.gep(wm, [b]), align=2)) if fmt.minimum else None
         for t in range(count):
             row = builder.add(builder.mul(blocks, ir.Constant(b.type, t)), b)  # [t, b] of the [M, blocks] arrays
             if fmt.offset:
