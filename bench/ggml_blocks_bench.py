@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from formcast_kernels.ggml_blocks import FORMATS, BlockMatrix  # noqa: E402
+from formcast_kernels.ggml_blocks import BlockMatrix  # noqa: E402
+from gpu_bench import cuda_time_ms, random_block_bytes  # noqa: E402  (bench/ is the script's folder)
 
 PEAK_GBPS = 4300.0
 TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
@@ -28,38 +29,11 @@ QUICK_TYPES = ["Q4_0", "Q4_K", "Q6_K"]
 SHAPES = [(2048, 2048), (8192, 2048), (2048, 8192), (4096, 4096), (14336, 4096)]
 QUICK_SHAPES = [(4096, 4096), (14336, 4096)]
 MS = [1, 4, 16, 128]
-# byte offset of each fp16 field of a block (d, then m or dmin), given small finite values so that
-# no product overflows or turns NaN
-_FP16_AT = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
-
-
-def cuda_time_ms(fn, reps: int = 50) -> float:
-    """Best of 3 rounds of ``reps`` calls, CUDA events, after one warm-up call."""
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) / reps)
-    return best
 
 
 def random_block_matrix(type_name: str, n: int, k: int, seed: int) -> BlockMatrix:
     """Random ggml blocks for [n, k], repacked on the GPU as the loader would."""
-    block_elems, block_bytes = FORMATS[type_name][:2]
-    nb = k // block_elems
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    raw = torch.randint(0, 256, (n, nb, block_bytes), dtype=torch.uint8, device="cuda", generator=g)
-    for at in _FP16_AT[type_name]:
-        d = (torch.rand((n, nb), device="cuda", generator=g) * 9e-3 + 1e-3).to(torch.float16)
-        raw[..., at : at + 2] = d.unsqueeze(-1).view(torch.uint8)
-    return BlockMatrix.from_gguf(type_name, raw.view(n, nb * block_bytes), (n, k))
+    return BlockMatrix.from_gguf(type_name, random_block_bytes(type_name, n, k, seed=seed), (n, k))
 
 
 def bench_block_kernels(quick: bool) -> None:
@@ -76,8 +50,8 @@ def bench_block_kernels(quick: bool) -> None:
             dense = bm.dequantize(torch.bfloat16)
             for m in MS:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                ours = cuda_time_ms(lambda: bm.matmul(x)) * 1e3
-                theirs = cuda_time_ms(lambda: F.linear(x, dense)) * 1e3
+                ours = cuda_time_ms(lambda: bm.matmul(x), reps=50) * 1e3
+                theirs = cuda_time_ms(lambda: F.linear(x, dense), reps=50) * 1e3
                 bandwidth = share = ""
                 if m == 1:
                     gbps = bm.nbytes / (ours * 1e-6) / 1e9

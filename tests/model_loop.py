@@ -8,6 +8,7 @@ still has tokens to feed (prefill rows and decode rows mix freely) and frees not
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -67,3 +68,15 @@ class GreedyLoop:
         for row in rows:
             self.release(row)
         return outs
+
+
+def write_tiny_llama(path: Path, max_position_embeddings: int = 512) -> Path:
+    """A random 3-layer transformers Llama (hidden 64, GQA 4/2, vocab 320) saved at ``path``: the
+    runner tests' smallest real model."""
+    import transformers as tf
+
+    config = tf.LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=max_position_embeddings, initializer_range=0.08)  # fmt: skip
+    torch.manual_seed(0)
+    tf.LlamaForCausalLM(config).eval().save_pretrained(str(path))
+    return path

@@ -13,20 +13,15 @@ from engine.layers import attention
 from engine.model_executor.forward_batch import ForwardBatch, ForwardInput
 from engine.model_executor.model_runner import ModelRunner
 
+from model_loop import write_tiny_llama
+
 PROMPT = [(7 * i + 3) % 300 for i in range(37)]
 STEPS = 6
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    import transformers as tf
-
-    config = tf.LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                            num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.08)  # fmt: skip
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tf.LlamaForCausalLM(config).eval().save_pretrained(str(path))
-    return path
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), max_position_embeddings=512)
 
 
 def _forward(runner: ModelRunner, rows: list[tuple[int, int, list[int], int]]) -> list[torch.Tensor]:

@@ -32,6 +32,8 @@ from engine.models.moe import SparseMoeBlock
 from formcast_kernels import PagedRows
 from formcast_kernels.decode_attention import paged_decode_attention_reference
 
+from model_loop import write_tiny_llama
+
 ROOT = Path(__file__).resolve().parents[1]
 # (heads, kv_heads, dim, table width, rows' lengths, their request rows)
 KERNEL_CASES = [[4, 2, 16, 96, [1, 37, 90], [2, 0, 3]], [6, 3, 24, 64, [64, 5], [1, 4]]]
@@ -124,14 +126,7 @@ def test_buckets() -> None:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    import transformers as tf
-
-    config = tf.LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                            num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.08)  # fmt: skip
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-llama-graphs")
-    tf.LlamaForCausalLM(config).eval().save_pretrained(str(path))
-    return path
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama-graphs"), max_position_embeddings=256)
 
 
 @pytest.fixture(scope="module")
