@@ -141,3 +141,47 @@ def test_engine_serves_gguf_on_cuda_gpu(files):
                 speculative_draft_num_layers=1) as spec:  # fmt: skip
         drafted = spec.generate("Hello", {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True})
     assert drafted["output_ids"] == plain["output_ids"]
+
+
+def _moe_file(tmp_path):  # type: ignore[no-untyped-def]
+    """A tiny Qwen2-MoE GGUF whose experts llama.cpp's quantizer wrote as Q8_0 (a shared expert too)."""
+    from conftest import require_optional
+    from gguf_family_files import build, write_family_gguf
+    from gguf_files import quantize
+
+    require_optional("llama_cpp")
+    f32, q8 = tmp_path / "moe-f32.gguf", tmp_path / "moe-q8.gguf"
+    write_family_gguf(f32, "qwen2_moe", build("qwen2_moe"))
+    assert quantize(f32, q8, "Q8_0", {}) == "llama.cpp"
+    return q8
+
+
+def _expert_logits(runner: ModelRunner) -> torch.Tensor:
+    loop = GreedyLoop(runner)
+    rows = [loop.add(PROMPT[:n]) for n in range(1, len(PROMPT) + 1)]
+    return loop.step(rows).float().cpu()
+
+
+def test_quantized_experts_run_as_block_matrices(tmp_path, monkeypatch):
+    """A mixture of experts whose experts are ``BlockMatrix``es (the GPU's form) runs them one by
+    one through ``linear`` (``SparseMoeBlock.experts_on_cpu``, the path CUDA takes for quantized
+    experts), within the CPU model's 8-bit activation rounding of its logits."""
+    q8 = _moe_file(tmp_path)
+    ref = _expert_logits(_runner(q8))
+    monkeypatch.setattr(gguf_loader, "keeps_block_matrices", lambda device: True)
+    blocks = _runner(q8)
+    mlp = blocks.model.layers[0].mlp
+    assert isinstance(mlp.gate_up_proj, list) and {type(w).__name__ for w in mlp.gate_up_proj + mlp.down_proj} == {"BlockMatrix"}
+    got = _expert_logits(blocks)
+    assert (got - ref).abs().max() < 0.05 * ref.abs().max()
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_quantized_experts_on_cuda_gpu(tmp_path):
+    q8 = _moe_file(tmp_path)
+    ref = _expert_logits(_runner(q8))
+    gpu = _runner(q8, device="cuda", dtype="float32")
+    assert gpu.cuda_graph_runner is None  # a mixture of experts runs eagerly
+    got = _expert_logits(gpu)
+    assert (got - ref).abs().max() < 0.05 * ref.abs().max()
