@@ -175,17 +175,17 @@ def engine_and_decode_speed(tokenizer_dir: Path | None, quick: bool) -> None:
     shutil.rmtree(folder)
 
 
-# (bytes a block, elements a block, byte offsets of the block's fp16 scales) of each ggml type.
-BLOCK_BYTES = {
-    "Q4_0": (18, 32, (0,)), "Q4_1": (20, 32, (0, 2)), "Q5_0": (22, 32, (0,)), "Q5_1": (24, 32, (0, 2)), "Q8_0": (34, 32, (0,)),
-    "Q4_K": (144, 256, (0, 2)), "Q5_K": (176, 256, (0, 2)), "Q6_K": (210, 256, (208,)),
-}  # fmt: skip
+# Byte offsets of each ggml type's fp16 scales in a block (sizes: ``ggml_blocks.FORMATS``).
+FP16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
 def random_block_bytes(type_name: str, n: int, k: int, device: str = "cuda", seed: int = 0) -> torch.Tensor:
     """A random [n, K] matrix's bytes in a ggml block format (uint8 [n, row_bytes]): random codes
     and sub-scales, every fp16 scale drawn from [1e-3, 1e-2] (random bytes there could be inf/NaN)."""
-    size, elements, scales = BLOCK_BYTES[type_name]
+    from formcast_kernels.ggml_blocks import FORMATS
+
+    elements, size = FORMATS[type_name][:2]
+    scales = FP16_AT[type_name]
     g = torch.Generator(device=device).manual_seed(seed)
     raw = torch.randint(0, 256, (n, k // elements, size), dtype=torch.uint8, device=device, generator=g)
     for off in scales:
