@@ -177,10 +177,10 @@ def test_scaled_blocks_sum_as_the_format_defines(fmt, units):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_rows_bits_do_not_depend_on_its_call_or_the_instructions(fmt):
-    """1 to 4 activation rows a call, and VNNI (``vpdpbusd``) / the AVX2 pair (codes under 128) /
+    """1 to ``MAX_ROWS`` activation rows a call, and VNNI (``vpdpbusd``) / the AVX2 pair (codes under 128) /
     the generic IR: the same integers, so every row's float32 results are identical bit for bit."""
     rng = np.random.default_rng(7)
-    n, rows, k = 21, 7, _k(fmt, 2)
+    n, rows, k = 21, octet_dot.MAX_ROWS + 3, _k(fmt, 2)
     blocks = k // octet_dot.FORMATS[fmt].block
     weight = _weight(fmt, rng, n, k, False)
     weight["codes"][3] = _weight(fmt, rng, 1, k, False, extremes=True)["codes"][0]
@@ -217,7 +217,7 @@ def _random_matrix(type_name: str, rng, n: int, k: int):  # type: ignore[no-unty
 
 
 @pytest.mark.parametrize("type_name", FORMATS)
-@pytest.mark.parametrize("batch", [2, 3, 4, 5, 6, 7, 11])
+@pytest.mark.parametrize("batch", [2, 3, 4, 5, 6, 7, 8, 9, 11, 19])
 def test_row_groups_give_each_row_its_bits_alone(type_name, batch):
     """``ggml_quants``' loops take activation rows up to ``octet_dot.MAX_ROWS`` a call (a last,
     smaller group with them): every row of a batch of any size must equal its product alone, bit

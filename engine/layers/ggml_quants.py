@@ -203,7 +203,7 @@ def _q8_k_block_terms(xd_super, sums16, minimum, xd, xt, xs):  # pragma: no cove
 
 
 # --------------------------------------------------------------------------- dot-product loops
-# The octet loops (``_mm_q4_0`` ... ``_mm_q6_k``) call ``octet_dot`` once per (octet, up to four
+# The octet loops (``_mm_q4_0`` ... ``_mm_q6_k``) call ``octet_dot`` once per (octet, up to ``octet_dot.MAX_ROWS``
 # activation rows). The float loop (Q5_0 / Q5_1) is one flat loop over the row's codes: code * its
 # block's scale * the dequantized activation code (``x`` = activation code * its fp16 scale), i.e.
 # sum_b d_w d_x (sum of code products) regrouped into one reduction that LLVM vectorizes; its
