@@ -12,6 +12,9 @@ Measured on the 2-core box (BENCHMARKS.md, ModelRunner section): against gatheri
 ``index_select`` then ``scaled_dot_product_attention`` per length group, this reads about a third
 of the bytes. float32 and bfloat16 pools; float16 uses the torch path. The scores may be
 soft-capped (Gemma 2), a compile-time variant: other models run the kernel without it.
+The softmax's exponentials are ``vector_exp.exp32``, inlined into the kernel (numba IR, not a
+shared compiled callee) so that its loop vectorizes: the C library's ``expf`` had taken more than
+half of a SmolLM2 decode row's attention time.
 
 Every process runs the machine code of numba's on-disk cache, the first one after an install
 too (a child process compiles into the cache): a kernel compiled in the process that uses it
@@ -31,7 +34,11 @@ import numpy as np
 try:  # numba is a dependency; keep the engine importable (torch path) if its install is broken
     from numba import njit, prange
 
+    from . import numba_cache
     from .fp16_round import round_half
+    from .vector_exp import exp32
+
+    numba_cache.register()  # before a kernel enables its cache: it inlines vector_exp's IR
 except ImportError:  # pragma: no cover
     njit = None
 
@@ -117,11 +124,11 @@ def _build(  # type: ignore[no-untyped-def]
                 for j in range(1, n):
                     if s[i, j] > m:
                         m = s[i, j]
+                for j in range(n):  # alone in its loop, the exponentials vectorize
+                    s[i, j] = exp32(s[i, j] - m)
                 total = np.float32(0.0)
                 for j in range(n):
-                    e = math.exp(s[i, j] - m)
-                    s[i, j] = e
-                    total += e
+                    total += s[i, j]
                 totals[i] = total
                 if f16_probs:
                     inv = np.float32(1.0) / totals[i]

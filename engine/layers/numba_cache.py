@@ -22,7 +22,11 @@ from numba.core import caching
 _HERE = Path(__file__).resolve().parent
 
 # caller file -> the modules whose LLVM IR its compiled functions inline
-INLINED: dict[Path, tuple[Path, ...]] = {_HERE / "ggml_quants.py": (_HERE / "octet_dot.py", _HERE / "int_dot.py")}
+INLINED: dict[Path, tuple[Path, ...]] = {
+    _HERE / "ggml_quants.py": (_HERE / "octet_dot.py", _HERE / "int_dot.py"),
+    _HERE / "row_ops.py": (_HERE / "vector_exp.py",),
+    _HERE / "cpu_decode_attention.py": (_HERE / "vector_exp.py",),
+}
 
 
 @functools.lru_cache(maxsize=None)

@@ -17,7 +17,9 @@ operations, whose bits the transformers oracle tests pin.
 The arithmetic follows llama.cpp's CPU backend where it has a choice: RMSNorm sums the squares
 in float64 and scales by ``1 / sqrt(mean + eps)`` before the weight multiplies, the rotary
 rounds each product before the sum (as torch's ``x * cos + rotated * sin``, and as its
-multiply-then-add does), SiLU is ``x / (1 + exp(-x))`` in float32.
+multiply-then-add does), SiLU is ``x / (1 + exp(-x))`` in float32, with ``vector_exp.exp32`` (a
+vectorizing exp within 2 ulp, as llama.cpp's own vector exp is; the C library's ``expf`` took
+three times as long, one element at a time).
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ import math
 import numpy as np
 import torch
 from numba import njit
+
+from . import numba_cache
+from .vector_exp import exp32
+
+numba_cache.register()  # before the loops below enable their caches: they inline vector_exp's IR
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
@@ -68,10 +75,13 @@ def _rotary(x, cos, sin, out):  # pragma: no cover - compiled
 def _silu_and_mul(gate_up, out):  # pragma: no cover - compiled
     """gate_up [T, 2 * I] (gate then up) -> out [T, I]: silu(gate) * up."""
     rows, inner = out.shape
+    e = np.empty(inner, np.float32)
     for r in range(rows):
+        for j in range(inner):  # alone in its loop, the exponentials vectorize (measured 2x)
+            e[j] = exp32(-gate_up[r, j])
         for j in range(inner):
             g = gate_up[r, j]
-            out[r, j] = (g / (np.float32(1.0) + np.float32(math.exp(-g)))) * gate_up[r, inner + j]
+            out[r, j] = (g / (np.float32(1.0) + e[j])) * gate_up[r, inner + j]
 
 
 def _array(x: torch.Tensor) -> np.ndarray:
