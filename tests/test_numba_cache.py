@@ -1,5 +1,6 @@
 """engine.layers.numba_cache: a compiled loop's cache entry is keyed on the modules whose LLVM IR it
-inlines, so an edit to ``octet_dot`` or ``int_dot`` alone never loads stale machine code."""
+inlines, so an edit to ``octet_dot``, ``int_dot`` or ``vector_exp`` alone never loads stale machine
+code."""
 
 from __future__ import annotations
 
@@ -7,13 +8,24 @@ from pathlib import Path
 
 from numba.core import caching
 
-from engine.layers import ggml_quants, numba_cache
+from engine.layers import cpu_decode_attention, ggml_quants, numba_cache, row_ops
 
 
 def test_the_block_loops_are_keyed_on_the_ir_they_inline():
     locator = ggml_quants._mm_q4_0._cache._impl.locator
     assert getattr(locator, "formcast_inlined", False), type(locator)
     assert locator.get_source_stamp() == numba_cache.source_stamp(Path(ggml_quants.__file__).resolve())
+
+
+def test_the_loops_that_inline_vector_exp_are_keyed_on_it():
+    """The SwiGLU loop and the decode attention kernel inline ``vector_exp.exp32``."""
+    vector_exp = Path(numba_cache.__file__).resolve().parent / "vector_exp.py"
+    kernel = cpu_decode_attention._build(64, 2, False)
+    for function, module in ((row_ops._silu_and_mul, row_ops), (kernel, cpu_decode_attention)):
+        locator = function._cache._impl.locator
+        assert getattr(locator, "formcast_inlined", False), (module.__name__, type(locator))
+        assert vector_exp in numba_cache.INLINED[Path(module.__file__).resolve()]
+        assert locator.get_source_stamp() == numba_cache.source_stamp(Path(module.__file__).resolve())
 
 
 def test_an_edit_to_an_inlined_module_changes_the_key(tmp_path, monkeypatch):
