@@ -9,7 +9,11 @@ that a load change hits both alike; the table gives the minimum over each varian
 its ratio to the first variant. The children also hash every product's float32 bits: the bench
 fails if two variants disagree (the two instruction sequences must give the same bits).
 
-    python bench/block_product_bench.py [--formats Q4_0,Q4_1,Q4_K,Q8_0] [--rounds 3] [--calls 300] [--threads 1]
+    python bench/block_product_bench.py [--formats Q4_0,Q4_1,Q4_K,Q8_0] [--rows 1,4] [--rounds 3] [--calls 300] [--threads 1]
+
+``--rows``: activation rows a product (a verification of k drafts is k + 1; rows past
+``octet_dot.MAX_ROWS`` take a second call). To compare two trees (another ``MAX_ROWS``), run
+the same command in each checkout.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = [(3072, 576), (576, 1536), (2048, 2048), (11264, 2048), (2048, 5632)]
-ROWS = [1, 4]
+ROWS = [1, 4]  # default --rows
 VARIANTS = {"vnni": "1", "avx2": "0"}
 
 
@@ -43,7 +47,7 @@ def _raw_blocks(type_name: str, n_out: int, n_in: int, rng):  # type: ignore[no-
     return blocks.reshape(n_out, -1)
 
 
-def child(formats: list[str], calls: int, threads: int) -> None:
+def child(formats: list[str], calls: int, threads: int, rows_list: list[int]) -> None:
     import time
 
     import numba
@@ -61,7 +65,7 @@ def child(formats: list[str], calls: int, threads: int) -> None:
             if type_name.endswith("_K") and n_in % 256:
                 continue  # K-quant rows are whole 256-element super-blocks
             w = QuantizedWeight.from_gguf(type_name, _raw_blocks(type_name, n_out, n_in, rng), (n_out, n_in))
-            for rows in ROWS:
+            for rows in rows_list:
                 x = rng.standard_normal((rows, n_in)).astype(np.float32)
                 out = w.matmul_rows(x, split=split)  # compiles
                 best = float("inf")
@@ -78,6 +82,7 @@ def child(formats: list[str], calls: int, threads: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--formats", default="Q4_0,Q4_1,Q4_K,Q8_0")
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated activation row counts")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--threads", type=int, default=1, help="numba threads; above 1 the products split across them")
@@ -85,7 +90,7 @@ def main() -> None:
     args = parser.parse_args()
     formats = args.formats.split(",")
     if args.child:
-        child(formats, args.calls, args.threads)
+        child(formats, args.calls, args.threads, [int(r) for r in args.rows.split(",")])
         return
     caches = {name: tempfile.mkdtemp(prefix=f"formcast-blocks-{name}-") for name in VARIANTS}
     runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
@@ -93,7 +98,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, flag in VARIANTS.items():
                 env = dict(os.environ, FORMCAST_INT_DOT_VNNI=flag, NUMBA_CACHE_DIR=caches[name], PYTHONPATH=str(ROOT))
-                cmd = [sys.executable, __file__, "--child", "--formats", args.formats, "--calls", str(args.calls), "--threads", str(args.threads)]
+                cmd = [sys.executable, __file__, "--child", "--formats", args.formats, "--calls", str(args.calls), "--threads", str(args.threads), "--rows", args.rows]
                 done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
                 runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
     finally:
