@@ -124,7 +124,7 @@ def _build(  # type: ignore[no-untyped-def]
                 for j in range(1, n):
                     if s[i, j] > m:
                         m = s[i, j]
-                for j in range(n):  # alone in its loop, the exponentials vectorize
+                for j in range(n):  # alone in their loop, the exponentials vectorize
                     s[i, j] = exp32(s[i, j] - m)
                 total = np.float32(0.0)
                 for j in range(n):

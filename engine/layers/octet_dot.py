@@ -67,7 +67,7 @@ OCTET = 8  # weight rows an octet
 # Activation rows a call. Each extra row reuses the eight unpacked weight vectors of a block; with
 # more rows than registers LLVM spills some (cheap L1 reloads) instead of a second pass re-reading
 # and re-unpacking the weights. Eight rather than four cover a verification of up to seven drafts
-# in one pass: 5 to 8 rows took 10-17% less time with AVX-512 registers and 5-10% less compiled
+# in one pass: 5 to 8 rows took 8-18% less time with AVX-512 registers and 5-10% less compiled
 # for Haswell (AVX2, 16 registers); 1 to 4 rows, and the bits, did not change (BENCHMARKS.md).
 MAX_ROWS = 8
 
