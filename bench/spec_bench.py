@@ -149,7 +149,8 @@ def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
     """Swap the scheduler's speculative worker (between requests, on its thread) for ``spec``:
     ``none``, an algorithm (``ngram+grammar``), optionally with ``:k=N`` (draft tokens),
     ``:prompt`` (the n-gram drafter with issue 29's match rules: longest of 8, the prompt first,
-    no structural matches; the default drafter is the one before them, ``:legacy`` names it) or ``:fixed`` (no adaptive k)."""
+    no structural matches; the default drafter is the one before them, ``:legacy`` names it), ``:noclose`` (the
+    n-gram drafter without ``close_values``: copied values are not ended where the copy reaches punctuation) or ``:fixed`` (no adaptive k)."""
     from engine.speculative.drafters import ChainDrafter, NgramDrafter
     from engine.speculative.worker import SpeculativeConfig, SpeculativeWorker, build_drafter
 
@@ -162,7 +163,7 @@ def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
             config.adaptive = False
         elif opt.startswith("cost="):
             config.verify_cost = float(opt[5:])
-        elif opt not in ("legacy", "prompt", "nofree"):
+        elif opt not in ("legacy", "prompt", "nofree", "noclose"):
             raise SystemExit(f"unknown drafter option {opt!r} in {spec!r}")
 
     def swap() -> None:
@@ -183,6 +184,10 @@ def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
                 else:
                     legacy.tokenizer, legacy.texts, legacy.jump_forward = drafter.tokenizer, drafter.texts, drafter.jump_forward
                     drafter = legacy
+            if "noclose" in opts:
+                ngram = drafter.first if isinstance(drafter, ChainDrafter) else drafter
+                if isinstance(ngram, NgramDrafter):
+                    ngram.close_values = False
             if "nofree" in opts:
                 drafter.forced_after_free = False
             worker = SpeculativeWorker(drafter, sched.runner.sampler, config)

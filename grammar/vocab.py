@@ -15,6 +15,7 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -74,6 +75,16 @@ class TokenVocabulary:
 
     def decode_bytes(self, token_ids: Iterable[int]) -> bytes:
         return b"".join(self.token_bytes[i] for i in token_ids)
+
+    @cached_property
+    def ids_by_bytes(self) -> dict[bytes, int]:
+        """Each spelling's token id (the lowest where several tokens spell the same bytes);
+        special tokens spell nothing and are left out. Built on first use."""
+        table: dict[bytes, int] = {}
+        for i, b in enumerate(self.token_bytes):
+            if b:
+                table.setdefault(b, i)
+        return table
 
     @classmethod
     def from_tokenizer(

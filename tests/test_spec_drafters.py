@@ -1,5 +1,6 @@
-"""The n-gram drafter's choice of match and the cost model's draft length (issue 29), without a
-model: a request stand-in carries the sequence, and token texts are a small table."""
+"""The n-gram drafter's choice of match, how it ends a copied JSON value, and the cost model's
+draft length (issue 29), without a model: a request stand-in carries the sequence, and token
+texts are a small table (a real grammar over a small vocabulary where a value is closed)."""
 
 from __future__ import annotations
 
@@ -101,3 +102,74 @@ def test_verify_cost_option_is_checked():
     for bad in (-0.1, float("inf"), "0.1", True):
         with pytest.raises(ValueError, match="speculative_verify_cost"):
             EngineArgs.from_options(speculative_verify_cost=bad)
+
+
+# A real grammar for the value-closing rule: a small vocabulary, an object of two strings.
+CLOSE_VOCAB = [b"", b'{"', b"name", b'":"', b"Mar", b"ia", b" Lopez", b",", b" Madrid", b".", b'"', b'","', b"city",
+               b'"}', b"es", b"@", b"acme", b" works", b"price", b'":', b"24", b".5", b" EUR", b',"', b"}]", b"},",
+               b"[", b"}", b"]", b"7"]  # fmt: skip
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
+          "required": ["name", "city"], "additionalProperties": False}  # fmt: skip
+
+
+def _grammar_state(prompt: list[int], output: list[int], budget: int = 4, schema: dict = PERSON) -> DraftState:
+    from engine.managers.detokenizer import TokenTexts
+    from grammar import GrammarMatcher, TokenVocabulary, compile_json_schema
+
+    vocab = TokenVocabulary.from_token_bytes(CLOSE_VOCAB, [0])
+    matcher = GrammarMatcher(compile_json_schema(schema, vocab, whitespace="compact"))
+    for t in output:
+        assert matcher.accept_token(t), t
+    req = SimpleNamespace(
+        origin_input_ids=prompt, output_ids=output, fill_ids=prompt + output, forced_tail=0, remaining_tokens=100,
+        context_len=1000, seq_len=len(prompt) + len(output), grammar=matcher, grammar_applies=True,
+    )  # fmt: skip
+    return DraftState(req, budget, False, None, TokenTexts(vocab))  # type: ignore[arg-type]
+
+
+def test_a_copied_value_is_closed_where_the_document_reaches_punctuation():
+    # The document: "Maria Lopez, Madrid." The output copies the name into "name"; the copy's
+    # continuation starts with "," which, in a document, ends the value: the drafter proposes
+    # the closing quote as the longest token spelling it and the forced text after it ('","').
+    prompt, output = [4, 5, 6, 7, 8, 9, 17], [1, 2, 3, 4, 5]
+    assert _draft(New(), _grammar_state(prompt, output)) == [6, 11]
+    assert _draft(New(close_values=False), _grammar_state(prompt, output)) == [6, 7, 8, 9]  # off: the copy runs on
+    # Inside the city's value, "." then nothing ends the document's sentence: closed with '"}'.
+    city = [1, 2, 3, 4, 5, 6, 11, 12, 3]
+    assert _draft(New(), _grammar_state(prompt, city + [8])) == [13]
+
+
+def test_a_full_stop_inside_a_word_is_not_a_boundary():
+    # "acme.es works Lopez": the "." is followed by letters, so the copy goes on through it.
+    prompt, output = [16, 9, 14, 17, 6], [1, 2, 3, 16]
+    assert _draft(New(), _grammar_state(prompt, output)) == [9, 14, 17, 6]
+
+
+def test_a_string_is_closed_with_the_longest_token_spelling_its_end():
+    # At the end of the city's value the object ends too: '"}' rather than '"' then '}'.
+    prompt = [4, 5, 6, 7, 8, 9, 17]
+    output = [1, 2, 3, 4, 5, 6, 10, 7, 10, 12, 3, 8]
+    assert _draft(New(), _grammar_state(prompt, output)) == [13]
+
+
+def test_a_copied_number_ends_where_the_grammar_refuses_the_copy():
+    # "24.5 EUR": the copy of the price stops at " EUR" (not a number); the drafter ends the
+    # number with the longest token spelling the comma and the next key's forced text (',"').
+    schema = {"type": "object", "properties": {"price": {"type": "number"}, "name": {"type": "string"}},
+              "required": ["price", "name"], "additionalProperties": False}  # fmt: skip
+    prompt, output = [20, 21, 22, 17, 6], [1, 18, 19, 20]
+    assert _draft(New(), _grammar_state(prompt, output, schema=schema)) == [21, 23]
+    assert _draft(New(close_values=False), _grammar_state(prompt, output, schema=schema)) == [21]
+
+
+def test_between_equally_long_endings_the_one_the_request_wrote_wins():
+    # A price ends an item of an array: '},' (another item) and '}]' (the end) are both two
+    # bytes. With nothing written yet the lower id wins ('}]'); once the request has written
+    # '},' it is drafted again.
+    schema = {"type": "array", "items": {"type": "object", "properties": {"price": {"type": "number"}},
+                                         "required": ["price"], "additionalProperties": False}}  # fmt: skip
+    prompt = [29, 21, 22, 17, 6]  # "7.5 EUR works Lopez"
+    first = [26, 1, 18, 19, 29]  # '[{"price":7'
+    assert _draft(New(), _grammar_state(prompt, first, schema=schema)) == [21, 24]
+    second = [26, 1, 18, 19, 20, 25, 1, 18, 19, 29]  # '[{"price":24},{"price":7'
+    assert _draft(New(), _grammar_state(prompt, second, schema=schema)) == [21, 25]

@@ -2,8 +2,9 @@
 
 * ``NgramDrafter``: finds the longest recent n-gram (``max_n`` down to ``min_n`` tokens) ending
   the sequence that also occurs earlier in prompt + output + draft, and proposes the tokens that
-  followed it there. Extraction jobs copy spans of the document, so this is where drafts are
-  cheapest.
+  followed it there, ending a copied JSON value with the token that closes it where the copied
+  text reaches punctuation. Extraction jobs copy spans of the document, so this is where drafts
+  are cheapest.
 * ``GrammarDrafter``: the constraint itself. Where the grammar admits a single continuation it
   drafts that text's canonical tokens; where it admits only a few tokens it drafts the one seen
   most often so far in the request (ties: the longest). Drafts are verified like any other, so
@@ -196,19 +197,44 @@ class NgramDrafter(Drafter):
     so with ``skip_structural`` the match must include a token with a letter or digit that was
     not forced: after ``"city":"`` the drafter proposes nothing rather than the previous value,
     and the first sampled character of the value finds it in the document on the next step.
-    Both rules are off by default (``bench/spec_bench.py``'s ``:prompt`` drafters turn them on,
-    with ``max_n`` 8) until a quiet-machine run shows the speed-up; see BENCHMARKS.md, issue 29."""
+    Both rules are off by default: measured, they gained little with compact JSON and lost with
+    free whitespace (fewer drafts: 1.65 against 2.07 tokens a forward on nested extraction);
+    ``bench/spec_bench.py``'s ``:prompt`` drafters turn them on, with ``max_n`` 8. See
+    BENCHMARKS.md, issue 29.
+
+    ``close_values`` (on by default): a value copied from a document ends where the copy reaches
+    punctuation (a comma, a bracket, a full stop before a space) or, for a number, where the
+    grammar refuses the copied text; there the drafter proposes the token that ends the value
+    (``_closing_token``) instead of copying on. The model writes '","' after a name copied from
+    "Maria Lopez, Madrid", which the copy alone never proposes."""
 
     name = "ngram"
 
-    def __init__(self, max_n: int = 4, min_n: int = 1, *, prefer_prompt: bool = False, skip_structural: bool = False) -> None:
+    def __init__(self, max_n: int = 4, min_n: int = 1, *, prefer_prompt: bool = False, skip_structural: bool = False,
+                 close_values: bool = True) -> None:  # fmt: skip
         self.max_n, self.min_n = max_n, min_n
         self.prefer_prompt, self.skip_structural = prefer_prompt, skip_structural
+        self.close_values = close_values
 
     def extend(self, state: DraftState) -> None:
         ids = state.sequence()
+        closing = self.close_values and state.matcher is not None
         for start in self.matches(ids, len(state.req.origin_input_ids), state):
-            if state.push(ids[start : start + state.room]):
+            copied = ids[start : start + state.room]
+            cut = _value_boundary(copied, state.texts) if closing else None
+            end = len(copied) if cut is None else cut
+            pushed = state.push(copied[:end]) if end else 0
+            if state.full or state.ended or state.at_forced:
+                return
+            if pushed < end:  # the grammar refused the next copied token
+                if not (closing and pushed and _value_boundary(copied[pushed : pushed + 1], state.texts, spaces=True) == 0):
+                    if pushed:
+                        return
+                    continue
+            elif cut is None:
+                return  # copied all of it
+            close = _closing_token(state)
+            if (close is not None and state.push([close])) or pushed:
                 return
 
     def matches(self, ids: list[int], prompt_len: int, state: DraftState | None = None):  # type: ignore[no-untyped-def]
@@ -237,6 +263,89 @@ class NgramDrafter(Drafter):
             if _informative(texts.token_bytes([ids[-n]])):
                 return n
         return self.max_n + 1
+
+
+# Where copied text meets one of these, a value copied from a document usually ends there.
+_BOUNDARY_STARTS = frozenset(b",;()[]{}<>!?|")
+_QUOTE = b'"'
+
+
+def _value_boundary(copied: list[int], texts, spaces: bool = False) -> int | None:  # type: ignore[no-untyped-def]
+    """Index of the first token of ``copied`` that starts at punctuation ending a copied value
+    (a comma, a bracket, or a full stop followed by a space or nothing; with ``spaces``, a space
+    too: where the grammar refused the token, a number was copied); None if there is none."""
+    if texts is None:
+        return None
+    for i, token in enumerate(copied):
+        text = texts.token_bytes([token])
+        if not text:
+            return None
+        if text[0] in _BOUNDARY_STARTS or (spaces and text[:1].isspace()):
+            return i
+        if text[0] == 0x2E:  # "."
+            after = text[1:2] or (texts.token_bytes([copied[i + 1]])[:1] if i + 1 < len(copied) else b"")
+            if after in (b"", b" ", b"\n"):
+                return i
+    return None
+
+
+def _closing_token(state: DraftState) -> int | None:
+    """The token that ends the JSON value the draft is in. In a string (the grammar takes a
+    quote): the longest token spelling a prefix of the quote and the text the grammar forces
+    after it (models write '","' there, not '"' then ',"'). Elsewhere (a number): the same for
+    ``,``, ``}`` and ``]``, and where nothing is forced after one of them, for it followed by
+    another; among equally long spellings, the one the request has written most often. None
+    where the grammar takes none of them."""
+    matcher, texts = state.matcher, state.texts
+    if matcher is None or texts is None:
+        return None
+    vocab = texts.vocab
+    ids_of = vocab.ids_by_bytes
+    spellings: list[bytes] = []
+    for closer in _CLOSERS:
+        spelling = _with_forced_text(matcher, ids_of.get(closer), second=closer != _QUOTE)
+        spellings += spelling
+        if spelling and closer == _QUOTE:
+            break  # inside a string the other closers are text
+    candidates = {ids_of[s[:n]] for s in spellings for n in range(1, min(len(s), 16) + 1) if s[:n] in ids_of}
+    if not candidates:
+        return None
+    written = Counter(state.sequence()[len(state.req.origin_input_ids) :])
+    return max(candidates, key=lambda t: (len(vocab.token_bytes[t]), written.get(t, 0), -t))
+
+
+# What ends a value: a string's quote first; then what follows a number in an array or object.
+_CLOSERS = (_QUOTE, b",", b"}", b"]")
+
+
+def _with_forced_text(matcher: GrammarMatcher, token: int | None, second: bool = False) -> list[bytes]:
+    """``token``'s bytes and the text the grammar forces after them (with ``second``, where
+    nothing is forced: each closer the grammar takes next, and its forced text); [] if the
+    grammar refuses ``token``."""
+    if token is None:
+        return []
+    try:
+        if not matcher.accept_token(token):
+            return []
+    except GrammarError:
+        return []
+    try:
+        spelled = matcher.compiled.vocab.token_bytes[token]
+        forced = _forced(matcher)
+        if forced or not second:
+            return [spelled + forced]
+        ids_of = matcher.compiled.vocab.ids_by_bytes
+        nexts = [spelled + more for closer in _CLOSERS[1:] for more in _with_forced_text(matcher, ids_of.get(closer))]
+        return nexts or [spelled]
+    finally:
+        matcher.rollback(1)
+
+
+def _forced(matcher: GrammarMatcher) -> bytes:
+    try:
+        return matcher.forced_continuation()
+    except GrammarError:
+        return b""
 
 
 def _informative(text: bytes) -> bool:
