@@ -317,8 +317,6 @@ def test_rejects_slow_tokenizers():
 
 
 def test_ids_by_bytes_maps_each_spelling_to_its_lowest_id_and_leaves_specials_out():
-    from grammar.vocab import TokenVocabulary
-
     vocab = TokenVocabulary.from_token_bytes([b"a", b'","', b"a", b"<s>", b"b"], eos_token_ids=[3])
     assert vocab.ids_by_bytes == {b"a": 0, b'","': 1, b"b": 4}
     assert vocab.ids_by_bytes is vocab.ids_by_bytes  # built once
