@@ -150,7 +150,8 @@ def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
     ``none``, an algorithm (``ngram+grammar``), optionally with ``:k=N`` (draft tokens),
     ``:prompt`` (the n-gram drafter with issue 29's match rules: longest of 8, the prompt first,
     no structural matches; the default drafter is the one before them, ``:legacy`` names it), ``:noclose`` (the
-    n-gram drafter without ``close_values``: copied values are not ended where the copy reaches punctuation) or ``:fixed`` (no adaptive k)."""
+    n-gram drafter without ``close_values``: copied values are not ended where the copy reaches punctuation), ``:nolookup`` (nor the grammar's
+    lookup of a span of the prompt where no n-gram match fits) or ``:fixed`` (no adaptive k)."""
     from engine.speculative.drafters import ChainDrafter, NgramDrafter
     from engine.speculative.worker import SpeculativeConfig, SpeculativeWorker, build_drafter
 
@@ -163,7 +164,7 @@ def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
             config.adaptive = False
         elif opt.startswith("cost="):
             config.verify_cost = float(opt[5:])
-        elif opt not in ("legacy", "prompt", "nofree", "noclose"):
+        elif opt not in ("legacy", "prompt", "nofree", "noclose", "nolookup"):
             raise SystemExit(f"unknown drafter option {opt!r} in {spec!r}")
 
     def swap() -> None:
@@ -184,10 +185,10 @@ def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
                 else:
                     legacy.tokenizer, legacy.texts, legacy.jump_forward = drafter.tokenizer, drafter.texts, drafter.jump_forward
                     drafter = legacy
-            if "noclose" in opts:
-                ngram = drafter.first if isinstance(drafter, ChainDrafter) else drafter
-                if isinstance(ngram, NgramDrafter):
-                    ngram.close_values = False
+            ngram = drafter.first if isinstance(drafter, ChainDrafter) else drafter
+            if isinstance(ngram, NgramDrafter):
+                ngram.close_values = ngram.close_values and "noclose" not in opts
+                ngram.grammar_lookup = ngram.grammar_lookup and "nolookup" not in opts
             if "nofree" in opts:
                 drafter.forced_after_free = False
             worker = SpeculativeWorker(drafter, sched.runner.sampler, config)

@@ -107,7 +107,8 @@ def test_verify_cost_option_is_checked():
 # A real grammar for the value-closing rule: a small vocabulary, an object of two strings.
 CLOSE_VOCAB = [b"", b'{"', b"name", b'":"', b"Mar", b"ia", b" Lopez", b",", b" Madrid", b".", b'"', b'","', b"city",
                b'"}', b"es", b"@", b"acme", b" works", b"price", b'":', b"24", b".5", b" EUR", b',"', b"}]", b"},",
-               b"[", b"}", b"]", b"7"]  # fmt: skip
+               b"[", b"}", b"]", b"7",
+               b"2", b"0", b"1", b"9", b"-"]  # fmt: skip
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
           "required": ["name", "city"], "additionalProperties": False}  # fmt: skip
 
@@ -173,3 +174,25 @@ def test_between_equally_long_endings_the_one_the_request_wrote_wins():
     assert _draft(New(), _grammar_state(prompt, first, schema=schema)) == [21, 24]
     second = [26, 1, 18, 19, 20, 25, 1, 18, 19, 29]  # '[{"price":24},{"price":7'
     assert _draft(New(), _grammar_state(prompt, second, schema=schema)) == [21, 25]
+
+
+DATE = [30, 31, 32, 33, 34, 31, 32, 34, 31, 33]  # "2019-01-09"
+WORDS = [4, 5, 6, 16, 8, 9, 6, 17] * 6
+
+
+def test_where_no_ngram_fits_a_date_is_looked_up_in_the_prompt_by_the_grammar():
+    # Right after '"name":"' nothing of the prompt follows the same tokens; the grammar (a date)
+    # takes the prompt's date, drafted up to the budget. Without the lookup: no draft.
+    schema = {"type": "object", "properties": {"name": {"type": "string", "format": "date"}}, "required": ["name"]}
+    prompt, output = WORDS + DATE + WORDS, [1, 2, 3]
+    assert _draft(New(), _grammar_state(prompt, output, schema=schema)) == DATE[:4]
+    assert _draft(New(grammar_lookup=False), _grammar_state(prompt, output, schema=schema)) == []
+
+
+def test_the_lookup_leaves_short_spans_and_free_text_alone():
+    # An integer: the longest span the grammar takes is the year (4 tokens), too short to tell an
+    # age from a year. A free string: nearly every prompt token fits, so no span is evidence.
+    integer = {"type": "object", "properties": {"name": {"type": "integer"}}, "required": ["name"]}
+    assert _draft(New(), _grammar_state(WORDS + DATE + WORDS, [1, 2, 19], schema=integer)) == []
+    text = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    assert _draft(New(), _grammar_state(WORDS + DATE + WORDS, [1, 2, 3], schema=text)) == []
