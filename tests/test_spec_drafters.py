@@ -21,7 +21,7 @@ class Texts:
 
 def _state(prompt: list[int], output: list[int], forced_tail: int = 0, budget: int = 3) -> DraftState:
     req = SimpleNamespace(
-        origin_input_ids=prompt, output_ids=output, fill_ids=prompt + output, forced_tail=forced_tail,
+        rid="r", origin_input_ids=prompt, output_ids=output, fill_ids=prompt + output, forced_tail=forced_tail,
         remaining_tokens=100, context_len=1000, seq_len=len(prompt) + len(output), grammar=None, grammar_applies=False,
     )  # fmt: skip
     return DraftState(req, budget, False, None, Texts())  # type: ignore[arg-type]
@@ -122,7 +122,7 @@ def _grammar_state(prompt: list[int], output: list[int], budget: int = 4, schema
     for t in output:
         assert matcher.accept_token(t), t
     req = SimpleNamespace(
-        origin_input_ids=prompt, output_ids=output, fill_ids=prompt + output, forced_tail=0, remaining_tokens=100,
+        rid="r", origin_input_ids=prompt, output_ids=output, fill_ids=prompt + output, forced_tail=0, remaining_tokens=100,
         context_len=1000, seq_len=len(prompt) + len(output), grammar=matcher, grammar_applies=True,
     )  # fmt: skip
     return DraftState(req, budget, False, None, TokenTexts(vocab))  # type: ignore[arg-type]

@@ -224,6 +224,7 @@ class NgramDrafter(Drafter):
         self.max_n, self.min_n = max_n, min_n
         self.prefer_prompt, self.skip_structural = prefer_prompt, skip_structural
         self.close_values, self.grammar_lookup = close_values, grammar_lookup
+        self._prompts: dict[str, np.ndarray] = {}  # each running request's prompt ids, for the lookup
 
     def extend(self, state: DraftState) -> None:
         ids = state.sequence()
@@ -246,9 +247,15 @@ class NgramDrafter(Drafter):
             if (close is not None and state.push([close])) or pushed:
                 return
         if self.grammar_lookup and state.matcher is not None and not state.tokens:
-            span = _grammar_span(state.req.origin_input_ids, state.matcher, state.room)
+            prompt = self._prompts.get(state.req.rid)
+            if prompt is None:
+                prompt = self._prompts[state.req.rid] = np.asarray(state.req.origin_input_ids, dtype=np.int64)
+            span = _grammar_span(prompt, state.matcher, state.room)
             if span:
                 state.push(span)
+
+    def release(self, req: Req) -> None:
+        self._prompts.pop(req.rid, None)
 
     def matches(self, ids: list[int], prompt_len: int, state: DraftState | None = None):  # type: ignore[no-untyped-def]
         """Starts of the continuations to try, best first."""
@@ -288,27 +295,27 @@ LOOKUP_MAX_SHARE = 0.25
 # would fit (an age drafted from the year of a date).
 LOOKUP_MIN_TOKENS = 5
 LOOKUP_MAX_TOKENS = 16
+LOOKUP_MAX_STARTS = 64
 
 
-def _grammar_span(prompt: list[int], matcher: GrammarMatcher, room: int) -> list[int]:
+def _grammar_span(prompt: np.ndarray, matcher: GrammarMatcher, room: int) -> list[int]:
     """The first ``room`` tokens of the longest span of the prompt that the grammar takes from
     where it stands (the first such where several are as long), if that span has at least
     ``LOOKUP_MIN_TOKENS``: a date where no n-gram match fits. [] where the grammar takes too
-    many of the prompt's tokens to start with."""
-    firsts: dict[int, bool] = {}
-    starts = []
-    for i, token in enumerate(prompt):
-        ok = firsts.get(token)
-        if ok is None:
-            ok = firsts[token] = _takes(matcher, token)
-        if ok:
-            starts.append(i)
-    if not starts or len(starts) > LOOKUP_MAX_SHARE * len(prompt):
+    many of the prompt's tokens to start with. The starts come from the state's cached mask row,
+    and at most ``LOOKUP_MAX_STARTS`` are followed, so a long document costs little more."""
+    try:
+        row = matcher.get_next_token_bitmask()
+    except GrammarError:
+        return []
+    ids = prompt[prompt < row.shape[0] * 32]
+    starts = np.flatnonzero((row[ids >> 5] >> (ids & 31)) & 1)
+    if not len(starts) or len(starts) > LOOKUP_MAX_SHARE * len(ids):
         return []
     best, best_start = LOOKUP_MIN_TOKENS - 1, None
-    for i in starts:
+    for i in starts[:LOOKUP_MAX_STARTS].tolist():
         taken = 0
-        for token in prompt[i : i + LOOKUP_MAX_TOKENS]:
+        for token in ids[i : i + LOOKUP_MAX_TOKENS].tolist():
             try:
                 ok = matcher.accept_token(token)
             except GrammarError:
@@ -320,7 +327,7 @@ def _grammar_span(prompt: list[int], matcher: GrammarMatcher, room: int) -> list
             matcher.rollback(taken)
         if taken > best:
             best, best_start = taken, i
-    return [] if best_start is None else prompt[best_start : best_start + min(best, room)]
+    return [] if best_start is None else ids[best_start : best_start + min(best, room)].tolist()
 
 
 # Where copied text meets one of these, a value copied from a document usually ends there.
