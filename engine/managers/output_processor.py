@@ -197,6 +197,28 @@ class OutputProcessor:
             self._close_ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         return self._close_ids
 
+    def jump_forward_at_admission(self, req: Req) -> None:
+        """Append the text the grammar forces at its start (``{"name":"`` of a JSON object whose
+        first key is required) before the prompt is prefilled: the prefill then samples the first
+        free token, where it would otherwise sample the first forced one and leave the rest to one
+        more forward. At least one token is left to sample; forced text that would end the request
+        (a stop string in it) is left to the usual path."""
+        if not self._jumps_forward(req) or not req.reasoning_done or req.output_ids:
+            return
+        ids = jump_forward_tokens(req.grammar, self.tokenizer, self.texts, req.remaining_tokens - 1)  # type: ignore[arg-type]
+        if not ids:
+            return
+        req.output_ids.extend(ids)
+        req.check_finished(len(ids))
+        if req.finished:
+            req.grammar.rollback(len(ids))  # type: ignore[union-attr]
+            del req.output_ids[-len(ids) :]
+            req.finished_reason = None
+            return
+        req.forced_tokens += len(ids)
+        req.forced_tail += len(ids)
+        self.stats["forced"] += len(ids)
+
     def _jump_forward(self, req: Req) -> None:
         if not self._jumps_forward(req):
             return

@@ -175,6 +175,7 @@ class Scheduler:
             # Unconstrained: the reasoning is only watched when it has a budget to enforce.
             if req.sampling_params.max_reasoning_tokens is not None:
                 req.reasoning_done = self._reasoning_closed_in_prompt(req)
+            self.outputs.jump_forward_at_admission(req)
             self.waiting.append(req)
         else:
             req.grammar_future = future
@@ -243,6 +244,7 @@ class Scheduler:
                 self._finish_unscheduled(req, f"internal error compiling the constraint: {exc!r}")
                 continue
             req.reasoning_done = self._reasoning_closed_in_prompt(req)
+            self.outputs.jump_forward_at_admission(req)
             self.waiting.append(req)
         self.grammar_wait = still
 
