@@ -132,3 +132,18 @@ def _as_params(spec: dict):
     from engine import SamplingParams
 
     return SamplingParams(**spec)
+
+
+def test_text_forced_at_the_start_is_prefilled_with_the_prompt(engine):
+    # "Year: " is forced before any choice: it is appended at admission, so the prefill samples
+    # the first digit and every forward of the request samples a token (EOS included).
+    prompt = _prompt_ids(engine, {"prompt": "In what year did Apollo 11 land on the Moon?"})
+    before = engine.scheduler.stats["forwards"]
+    out = engine.generate(input_ids=[prompt], sampling_params=[{"regex": r"Year: \d{4}", "temperature": 0.0, "max_new_tokens": 16}])[0]
+    forwards = engine.scheduler.stats["forwards"] - before
+    meta = out["meta_info"]
+    assert re.fullmatch(r"Year: \d{4}", out["text"]), out["text"]
+    assert meta["finish_reason"]["type"] == "stop", meta
+    # All of "Year: " came without sampling (before, the prefill sampled its first token).
+    assert meta["jump_forward_tokens"] == len(engine.tokenizer.encode("Year: ", add_special_tokens=False)), meta
+    assert forwards == meta["completion_tokens"] - meta["jump_forward_tokens"] == 5, (forwards, meta)  # 4 digits, EOS
