@@ -145,13 +145,19 @@ class ForwardTimer:
         return out
 
 
+# Each drafter is built once per engine and kept between the chunks it runs, as an engine keeps
+# its own: drafters learn from the requests they have finished (NgramDrafter.history).
+_WORKERS: dict[tuple[int, str], object] = {}
+
+
 def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
     """Swap the scheduler's speculative worker (between requests, on its thread) for ``spec``:
     ``none``, an algorithm (``ngram+grammar``), optionally with ``:k=N`` (draft tokens),
     ``:prompt`` (the n-gram drafter with issue 29's match rules: longest of 8, the prompt first,
     no structural matches; the default drafter is the one before them, ``:legacy`` names it), ``:noclose`` (the
     n-gram drafter without ``close_values``: copied values are not ended where the copy reaches punctuation), ``:nolookup`` (nor the grammar's
-    lookup of a span of the prompt where no n-gram match fits) or ``:fixed`` (no adaptive k)."""
+    lookup of a span of the prompt where no n-gram match fits), ``:nohistory`` (nor drafts from
+    earlier requests' outputs under the same constraint) or ``:fixed`` (no adaptive k)."""
     from engine.speculative.drafters import ChainDrafter, NgramDrafter
     from engine.speculative.worker import SpeculativeConfig, SpeculativeWorker, build_drafter
 
@@ -164,7 +170,7 @@ def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
             config.adaptive = False
         elif opt.startswith("cost="):
             config.verify_cost = float(opt[5:])
-        elif opt not in ("legacy", "prompt", "nofree", "noclose", "nolookup"):
+        elif opt not in ("legacy", "prompt", "nofree", "noclose", "nolookup", "nohistory"):
             raise SystemExit(f"unknown drafter option {opt!r} in {spec!r}")
 
     def swap() -> None:
@@ -172,8 +178,8 @@ def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
         if sched.spec is not None:
             for req in list(sched.running):
                 sched.spec.release(req)
-        worker = None
-        if algorithm != "none":
+        worker = _WORKERS.get((id(engine), spec))
+        if worker is None and algorithm != "none":
             config.jump_forward = sched.outputs.enable_jump_forward
             drafter = build_drafter(config, sched.runner, sched.outputs.tokenizer, sched.texts,
                                     sched.vocab.vocab_size, frozenset(sched.vocab.eos_token_ids))  # fmt: skip
@@ -189,9 +195,10 @@ def use_drafter(engine: Engine, spec: str, draft_layers: int) -> None:
             if isinstance(ngram, NgramDrafter):
                 ngram.close_values = ngram.close_values and "noclose" not in opts
                 ngram.grammar_lookup = ngram.grammar_lookup and "nolookup" not in opts
+                ngram.history = ngram.history and "nohistory" not in opts
             if "nofree" in opts:
                 drafter.forced_after_free = False
-            worker = SpeculativeWorker(drafter, sched.runner.sampler, config)
+            worker = _WORKERS[(id(engine), spec)] = SpeculativeWorker(drafter, sched.runner.sampler, config)
         sched.spec = sched.planner.spec = worker
 
     engine.scheduler.call(swap)

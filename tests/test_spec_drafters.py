@@ -113,12 +113,19 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "city": {
           "required": ["name", "city"], "additionalProperties": False}  # fmt: skip
 
 
-def _grammar_state(prompt: list[int], output: list[int], budget: int = 4, schema: dict = PERSON) -> DraftState:
-    from engine.managers.detokenizer import TokenTexts
-    from grammar import GrammarMatcher, TokenVocabulary, compile_json_schema
+def _compiled(schema: dict):  # type: ignore[no-untyped-def]
+    from grammar import TokenVocabulary, compile_json_schema
 
-    vocab = TokenVocabulary.from_token_bytes(CLOSE_VOCAB, [0])
-    matcher = GrammarMatcher(compile_json_schema(schema, vocab, whitespace="compact"))
+    return compile_json_schema(schema, TokenVocabulary.from_token_bytes(CLOSE_VOCAB, [0]), whitespace="compact")
+
+
+def _grammar_state(prompt: list[int], output: list[int], budget: int = 4, schema: dict = PERSON, compiled=None) -> DraftState:  # type: ignore[no-untyped-def]
+    from engine.managers.detokenizer import TokenTexts
+    from grammar import GrammarMatcher
+
+    compiled = compiled if compiled is not None else _compiled(schema)
+    vocab = compiled.vocab
+    matcher = GrammarMatcher(compiled)
     for t in output:
         assert matcher.accept_token(t), t
     req = SimpleNamespace(
@@ -196,3 +203,22 @@ def test_the_lookup_leaves_short_spans_and_free_text_alone():
     assert _draft(New(), _grammar_state(WORDS + DATE + WORDS, [1, 2, 19], schema=integer)) == []
     text = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
     assert _draft(New(), _grammar_state(WORDS + DATE + WORDS, [1, 2, 3], schema=text)) == []
+
+
+def test_an_earlier_output_under_the_same_constraint_gives_its_layout_not_its_values():
+    from grammar import GrammarMatcher
+
+    optional = {"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"}}}
+    compiled = _compiled(optional)
+    drafter = New()
+    past = [1, 2, 3, 4, 11, 12, 3, 8, 13]  # '{"name":"Mar","city":"Mad"}'
+    finished = SimpleNamespace(rid="p", grammar=GrammarMatcher(compiled), finished=True, output_ids=past, to_abort=None)
+    drafter.release(finished)
+    # This request's name ends like the earlier city: the earlier output closed the object there.
+    assert _draft(drafter, _grammar_state([17], [1, 2, 3, 8], compiled=compiled)) == [13]
+    assert _draft(New(history=False), _grammar_state([17], [1, 2, 3, 8], compiled=compiled)) == []
+    # At the start of a value the earlier output's value ("Mar") is another record's: not drafted.
+    assert _draft(drafter, _grammar_state([17], [1, 2, 3], compiled=compiled)) == []
+    # Another constraint (where '"}' would fit as well) has no history.
+    other = {"type": "object", "properties": {"name": {"type": "string"}}}
+    assert _draft(drafter, _grammar_state([17], [1, 2, 3, 8], schema=other)) == []
