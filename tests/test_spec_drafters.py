@@ -119,7 +119,8 @@ def _compiled(schema: dict):  # type: ignore[no-untyped-def]
     return compile_json_schema(schema, TokenVocabulary.from_token_bytes(CLOSE_VOCAB, [0]), whitespace="compact")
 
 
-def _grammar_state(prompt: list[int], output: list[int], budget: int = 4, schema: dict = PERSON, compiled=None) -> DraftState:  # type: ignore[no-untyped-def]
+def _grammar_state(prompt: list[int], output: list[int], budget: int = 4, schema: dict = PERSON, compiled=None,  # type: ignore[no-untyped-def]
+                   greedy: bool = True) -> DraftState:  # fmt: skip
     from engine.managers.detokenizer import TokenTexts
     from grammar import GrammarMatcher
 
@@ -131,6 +132,7 @@ def _grammar_state(prompt: list[int], output: list[int], budget: int = 4, schema
     req = SimpleNamespace(
         rid="r", origin_input_ids=prompt, output_ids=output, fill_ids=prompt + output, forced_tail=0, remaining_tokens=100,
         context_len=1000, seq_len=len(prompt) + len(output), grammar=matcher, grammar_applies=True,
+        sampling_params=SimpleNamespace(is_greedy=greedy),
     )  # fmt: skip
     return DraftState(req, budget, False, None, TokenTexts(vocab))  # type: ignore[arg-type]
 
@@ -217,6 +219,8 @@ def test_an_earlier_output_under_the_same_constraint_gives_its_layout_not_its_va
     # This request's name ends like the earlier city: the earlier output closed the object there.
     assert _draft(drafter, _grammar_state([17], [1, 2, 3, 8], compiled=compiled)) == [13]
     assert _draft(New(history=False), _grammar_state([17], [1, 2, 3, 8], compiled=compiled)) == []
+    # A sampled request drafts from itself alone: its draws must not depend on earlier requests.
+    assert _draft(drafter, _grammar_state([17], [1, 2, 3, 8], compiled=compiled, greedy=False)) == []
     # At the start of a value the earlier output's value ("Mar") is another record's: not drafted.
     assert _draft(drafter, _grammar_state([17], [1, 2, 3], compiled=compiled)) == []
     # Another constraint (where '"}' would fit as well) has no history.

@@ -214,8 +214,10 @@ class NgramDrafter(Drafter):
     longest span of the prompt that the grammar takes from here, if it has at least
     ``LOOKUP_MIN_TOKENS`` (``_grammar_span``): after ``"joined":"`` the document's date.
 
-    ``history`` (on by default): before the lookup, the outputs of earlier requests under the
-    same compiled constraint (``HISTORY_OUTPUTS`` each, the most recent first): the longest
+    ``history`` (on by default, greedy requests only: a sampled request's draws depend on its
+    drafts, and a seeded one must not depend on what ran before it): before the lookup, the
+    outputs of earlier requests under the same compiled constraint (``HISTORY_OUTPUTS`` each,
+    the most recent first): the longest
     suffix of this output found in one of them, and what followed it there up to the first
     token with a letter or digit: the whitespace and punctuation a model writes between values
     with free JSON whitespace, not another record's values.
@@ -258,8 +260,9 @@ class NgramDrafter(Drafter):
             close = _closing_token(state)
             if (close is not None and state.push([close])) or pushed:
                 return
-        if self.history and state.matcher is not None and not state.tokens and self._from_history(state):
-            return
+        if self.history and state.matcher is not None and not state.tokens and state.req.sampling_params.is_greedy:
+            if self._from_history(state):
+                return
         if self.grammar_lookup and state.matcher is not None and not state.tokens:
             prompt = self._prompts.get(state.req.rid)
             if prompt is None:
