@@ -140,9 +140,7 @@ class OutputProcessor:
             req.abort(f"internal error: forced draft token {token} is not allowed by the grammar")
             return
         req.output_ids.append(token)
-        req.forced_tokens += 1
-        req.forced_tail += 1
-        self.stats["forced"] += 1
+        self._count_forced(req, 1)
 
     def _append_sampled(self, req: Req, token: int) -> None:
         self.stats["sampled"] += 1
@@ -184,9 +182,7 @@ class OutputProcessor:
             req.output_token_logprobs.extend((0.0, t) for t in close)
             if req.top_logprobs_num:
                 req.output_top_logprobs.extend([(0.0, t)] for t in close)
-        req.forced_tokens += len(close)
-        req.forced_tail += len(close)
-        self.stats["forced"] += len(close)
+        self._count_forced(req, len(close))
         req.reasoning_done = True
         req.check_finished(len(close))
 
@@ -196,6 +192,12 @@ class OutputProcessor:
             text = "\n" + self.reasoning_end.decode("utf-8")
             self._close_ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         return self._close_ids
+
+    def _count_forced(self, req: Req, n: int) -> None:
+        """``n`` tokens were just appended without sampling."""
+        req.forced_tokens += n
+        req.forced_tail += n
+        self.stats["forced"] += n
 
     def jump_forward_at_admission(self, req: Req) -> None:
         """Append the text the grammar forces at its start (``{"name":"`` of a JSON object whose
@@ -215,9 +217,7 @@ class OutputProcessor:
             del req.output_ids[-len(ids) :]
             req.finished_reason = None
             return
-        req.forced_tokens += len(ids)
-        req.forced_tail += len(ids)
-        self.stats["forced"] += len(ids)
+        self._count_forced(req, len(ids))
 
     def _jump_forward(self, req: Req) -> None:
         if not self._jumps_forward(req):
@@ -226,9 +226,7 @@ class OutputProcessor:
         accepted = len(ids)
         if accepted:
             req.output_ids.extend(ids)
-            req.forced_tokens += accepted
-            req.forced_tail += accepted
-            self.stats["forced"] += accepted
+            self._count_forced(req, accepted)
             req.check_finished(accepted)
 
     @staticmethod

@@ -28,11 +28,15 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter, OrderedDict, deque
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from grammar import GrammarError, GrammarMatcher, unpack_bitmask
+
+if TYPE_CHECKING:
+    from grammar import CompiledGrammar
 
 from ..constrained.jump_forward import forces_text, jump_forward_tokens, jumps_forward
 from ..managers.req import Req
@@ -237,8 +241,8 @@ class NgramDrafter(Drafter):
         self.close_values, self.grammar_lookup = close_values, grammar_lookup
         self._prompts: dict[str, np.ndarray] = {}  # each running request's prompt ids, for the lookup
         self.history = history
-        # Finished outputs per compiled constraint (the object kept beside its id), most recent first.
-        self._history: OrderedDict[int, tuple[object, deque[bytes]]] = OrderedDict()
+        # Finished outputs per compiled constraint (least recently used first), most recent first.
+        self._history: OrderedDict[CompiledGrammar, deque[bytes]] = OrderedDict()
 
     def extend(self, state: DraftState) -> None:
         ids = state.sequence()
@@ -275,11 +279,9 @@ class NgramDrafter(Drafter):
         self._prompts.pop(req.rid, None)
         if self.history and req.grammar is not None and req.finished and req.output_ids and req.to_abort is None:
             compiled = req.grammar.compiled
-            held = self._history.get(id(compiled))
-            if held is None or held[0] is not compiled:
-                held = self._history[id(compiled)] = (compiled, deque(maxlen=HISTORY_OUTPUTS))
-            self._history.move_to_end(id(compiled))
-            held[1].appendleft(array("I", req.output_ids).tobytes())
+            outputs = self._history.setdefault(compiled, deque(maxlen=HISTORY_OUTPUTS))
+            self._history.move_to_end(compiled)
+            outputs.appendleft(array("I", req.output_ids).tobytes())
             while len(self._history) > HISTORY_CONSTRAINTS:
                 self._history.popitem(last=False)
 
@@ -288,13 +290,13 @@ class NgramDrafter(Drafter):
         suffix of this output (``max_n`` tokens down to one) found in one of them, at the
         occurrence that ends nearest this output's length, and the tokens that followed it."""
         assert state.matcher is not None
-        held = self._history.get(id(state.matcher.compiled))
-        if held is None or held[0] is not state.matcher.compiled:
+        outputs = self._history.get(state.matcher.compiled)
+        if not outputs:
             return False
         output = state.sequence()[len(state.req.origin_input_ids) :]
         for n in range(min(self.max_n, len(output)), 0, -1):
             suffix = array("I", output[-n:]).tobytes()
-            for past in held[1]:
+            for past in outputs:
                 end = _nearest_occurrence_end(past, suffix, len(output))
                 if end is not None:
                     following = _layout(array("I", past[end * 4 : (end + state.room) * 4]).tolist(), state.texts)
