@@ -95,7 +95,9 @@ def build(family: str, **overrides):  # type: ignore[no-untyped-def]
     return model
 
 
-def write_family_gguf(path: Path, family: str, model) -> None:  # type: ignore[no-untyped-def]
+def write_family_gguf(path: Path, family: str, model, qtype: str | None = None) -> None:  # type: ignore[no-untyped-def]
+    """``qtype``: encode the matrices whose rows fill whole blocks with ``gguf.quants`` (for
+    machines without llama.cpp's quantizer), else F32."""
     import gguf
 
     arch = FAMILIES[family][0]
@@ -147,8 +149,14 @@ def write_family_gguf(path: Path, family: str, model) -> None:  # type: ignore[n
         w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(scale) / np.log(orig))) if scale > 1 else 1.0)
         w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32))
         w.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32))
+    kind = gguf.GGMLQuantizationType[qtype] if qtype else None
     for name, value in _gguf_tensors(family, state, heads, kv_heads, c.tie_word_embeddings):
-        w.add_tensor(name, np.ascontiguousarray(value, dtype=np.float32))
+        value = np.ascontiguousarray(value, dtype=np.float32)
+        # routers stay float, as llama.cpp's quantizer keeps them
+        if kind is not None and value.ndim >= 2 and "gate_inp" not in name and value.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0] == 0:
+            w.add_tensor(name, gguf.quants.quantize(value, kind), raw_dtype=kind)
+        else:
+            w.add_tensor(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -141,16 +141,24 @@ def test_engine_serves_gguf_on_cuda_gpu(files):
                 speculative_draft_num_layers=1) as spec:  # fmt: skip
         drafted = spec.generate("Hello", {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True})
     assert drafted["output_ids"] == plain["output_ids"]
+    # the n-gram and grammar drafters on CUDA (their point masses and the verifier's chosen rows
+    # are GPU tensors there): a constrained request, token-identical to the plain engine's
+    with Engine(str(path), device="cuda", dtype="float32", max_total_tokens=2048, max_running_requests=8,
+                speculative_algorithm="ngram+grammar") as spec:  # fmt: skip
+        again = spec.generate("A record:", {"max_new_tokens": 24, "temperature": 0.0, "json_schema": schema})
+    assert again["output_ids"] == shaped["output_ids"]
 
 
 def _moe_file(tmp_path):  # type: ignore[no-untyped-def]
-    """A tiny Qwen2-MoE GGUF whose experts llama.cpp's quantizer wrote as Q8_0 (a shared expert too)."""
-    from conftest import require_optional
+    """A tiny Qwen2-MoE GGUF whose experts are Q8_0 (a shared expert too): written by llama.cpp's
+    quantizer where llama-cpp-python is installed, else by ``gguf.quants`` (the GPU machine)."""
     from gguf_family_files import build, write_family_gguf
-    from gguf_files import quantize
+    from gguf_files import llama_cpp_module, quantize
 
-    require_optional("llama_cpp")
     f32, q8 = tmp_path / "moe-f32.gguf", tmp_path / "moe-q8.gguf"
+    if llama_cpp_module() is None:
+        write_family_gguf(q8, "qwen2_moe", build("qwen2_moe"), qtype="Q8_0")
+        return q8
     write_family_gguf(f32, "qwen2_moe", build("qwen2_moe"))
     assert quantize(f32, q8, "Q8_0", {}) == "llama.cpp"
     return q8
