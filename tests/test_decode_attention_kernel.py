@@ -17,6 +17,8 @@ import torch
 from formcast_kernels import PagedRows, paged_decode_attention
 from formcast_kernels.decode_attention import paged_decode_attention_reference
 
+NO_CAP = 0.0  # the CPU kernel's softcap argument for uncapped scores (a float32 once passed)
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [[9, 3, 64, [1, 37, 100]], [4, 4, 16, [5, 64]], [14, 2, 32, [33]], [6, 3, 48, [2, 17, 70]], [7, 1, 96, [40, 1]]]
 
@@ -74,7 +76,8 @@ def test_reference_matches_the_engine_attention_path() -> None:
     ref, got = torch.empty_like(q), torch.empty_like(q)
     paged_decode_attention(q, k, v, PagedRows(idx, start, n), ref)
     cpu_decode_attention.kernel_for(64, 3)(
-        q.numpy(), k.view(-1, 64).numpy(), v.view(-1, 64).numpy(), idx.numpy(), start.numpy(), n.numpy(), got.numpy(), np.float32(0.125), 3
+        q.numpy(), k.view(-1, 64).numpy(), v.view(-1, 64).numpy(), idx.numpy(), start.numpy(), n.numpy(), got.numpy(), np.float32(0.125), 3,
+        np.float32(NO_CAP), False,
     )
     assert torch.allclose(ref, got, atol=1e-5)
 
@@ -91,11 +94,11 @@ def test_engine_kernel_rows_do_not_depend_on_their_batch() -> None:
     q, k, v, idx, start, n = make_case(9, 3, 64, [3, 2000, 1500, 7], seed=11)
     k_rows, v_rows, scale = k.view(-1, 64).numpy(), v.view(-1, 64).numpy(), np.float32(0.125)
     together = torch.empty_like(q)
-    kernel(q.numpy(), k_rows, v_rows, idx.numpy(), start.numpy(), n.numpy(), together.numpy(), scale, 3)
+    kernel(q.numpy(), k_rows, v_rows, idx.numpy(), start.numpy(), n.numpy(), together.numpy(), scale, 3, np.float32(NO_CAP), False)
     for b in (0, 3):
         alone = torch.empty_like(q[b : b + 1])
         kernel(q[b : b + 1].numpy().copy(), k_rows, v_rows, idx.numpy(), start[b : b + 1].numpy().copy(),
-               n[b : b + 1].numpy().copy(), alone.numpy(), scale, 3)
+               n[b : b + 1].numpy().copy(), alone.numpy(), scale, 3, np.float32(NO_CAP), False)
         assert torch.equal(alone[0], together[b]), f"row {b}"
 
 
@@ -129,7 +132,7 @@ for bf16 in (False, True):
         k_rows, v_rows = k_rows.bfloat16().view(torch.uint16), v_rows.bfloat16().view(torch.uint16)
     out = np.empty(q.shape, np.float32)
     cpu_decode_attention.kernel_for(64, 3, bf16)(q.numpy(), k_rows.numpy(), v_rows.numpy(), idx.numpy(), start.numpy(), n.numpy(),
-                                                  out, np.float32(0.125), 3)
+                                                  out, np.float32(0.125), 3, np.float32(0.0), False)
     outs.append(out)
 np.save(sys.argv[2], np.stack(outs))
 """
@@ -190,8 +193,9 @@ def test_engine_kernel_soft_caps_the_scores(heads, kv_heads, dim, bf16) -> None:
     rows = (lambda t: t.view(-1, dim).bfloat16().view(torch.uint16)) if bf16 else (lambda t: t.view(-1, dim))  # noqa: E731
     scale, cap = 0.2, 1.5
     got = torch.empty_like(q)
-    cpu_decode_attention.kernel_for(dim, heads // kv_heads, bf16, softcap=cap)(
-        q.numpy(), rows(k).numpy(), rows(v).numpy(), idx.numpy(), start.numpy(), n.numpy(), got.numpy(), np.float32(scale), kv_heads
+    cpu_decode_attention.kernel_for(dim, heads // kv_heads, bf16)(
+        q.numpy(), rows(k).numpy(), rows(v).numpy(), idx.numpy(), start.numpy(), n.numpy(), got.numpy(), np.float32(scale), kv_heads,
+        np.float32(cap), False,
     )
     ref = _soft_capped_reference(q, k, v, idx, start, n, scale, cap)
     assert torch.allclose(got.double(), ref, atol=2e-6), (got.double() - ref).abs().max()

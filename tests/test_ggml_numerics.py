@@ -50,7 +50,7 @@ def _qkv(rng: np.random.Generator, lq: int, s: int) -> tuple[np.ndarray, np.ndar
 def test_decode_kernel_rounds_like_llama_cpp():
     rng = np.random.default_rng(0)
     lens = [1, 9, 40]
-    kernel = cpu_decode_attention.kernel_for(DIM, HEADS // KV_HEADS, False, True)
+    kernel = cpu_decode_attention.kernel_for(DIM, HEADS // KV_HEADS, False)
     q = np.zeros((len(lens), HEADS, DIM), np.float32)
     keys, values, expected = [], [], []
     for b, n in enumerate(lens):
@@ -64,7 +64,7 @@ def test_decode_kernel_rounds_like_llama_cpp():
     index = np.arange(sum(lens), dtype=np.int64)
     starts = np.array([0, *np.cumsum(lens)[:-1]], dtype=np.int64)
     out = np.zeros_like(q)
-    kernel(q, k_rows, v_rows, index, starts, np.array(lens, np.int64), out, np.float32(DIM**-0.5), KV_HEADS)
+    kernel(q, k_rows, v_rows, index, starts, np.array(lens, np.int64), out, np.float32(DIM**-0.5), KV_HEADS, np.float32(0.0), True)
     np.testing.assert_allclose(out, np.stack(expected), rtol=0, atol=2e-6)
 
 

@@ -11,7 +11,9 @@ and release the GIL, so the grammar's mask worker runs meanwhile.
 Measured on the 2-core box (BENCHMARKS.md, ModelRunner section): against gathering K/V with
 ``index_select`` then ``scaled_dot_product_attention`` per length group, this reads about a third
 of the bytes. float32 and bfloat16 pools; float16 uses the torch path. The scores may be
-soft-capped (Gemma 2), a compile-time variant: other models run the kernel without it.
+soft-capped (Gemma 2) and the probabilities rounded to float16 (llama.cpp's precision), both
+run-time arguments: they act outside the loops over ``head_dim``, and as compile-time variants
+they doubled the kernels a process (and a test run on an empty cache) compiled.
 The softmax's exponentials are ``vector_exp.exp32``, inlined into the kernel (numba IR, not a
 shared compiled callee) so that its loop vectorizes: the C library's ``expf`` had taken more than
 half of a SmolLM2 decode row's attention time.
@@ -49,26 +51,24 @@ def available() -> bool:
     return njit is not None
 
 
-def _build(  # type: ignore[no-untyped-def]
-    dim: int, lanes: int, bf16: bool, f16_probs: bool = False, softcap: float | None = None
-):
+def _build(dim: int, lanes: int, bf16: bool):  # type: ignore[no-untyped-def]
     """The kernel for ``head_dim == dim`` with ``lanes`` query heads per task, over a float32 or
-    (``bf16``) bfloat16 cache; ``f16_probs``: the probabilities are normalized and rounded to
-    float16 before they weight V (llama.cpp's precision); ``softcap``: each score becomes
-    softcap * tanh(score / softcap) before the softmax (Gemma 2). All are compile-time
-    constants: the inner loops over ``dim`` vectorize (measured 1.6x faster than a runtime trip
-    count, at memory-copy speed), unused lanes and variants fold away, and a bfloat16 row is
-    widened to float32 (the top half of its bits) in a small buffer as it is read, so the cache
-    is read at half the bytes."""
-    capped = softcap is not None
-    cap = np.float32(softcap if capped else 1.0)
+    (``bf16``) bfloat16 cache. These are compile-time constants: the inner loops over ``dim``
+    vectorize (measured 1.6x faster than a runtime trip count, at memory-copy speed), unused
+    lanes fold away, and a bfloat16 row is widened to float32 (the top half of its bits) in a
+    small buffer as it is read, so the cache is read at half the bytes. The kernel's last two
+    arguments: ``softcap`` > 0 makes each score softcap * tanh(score / softcap) before the
+    softmax (Gemma 2; 0: no cap); ``f16_probs``: the probabilities are normalized and rounded to
+    float16 before they weight V (llama.cpp's precision)."""
 
     @njit(parallel=True, fastmath=True, nogil=True, cache=True, boundscheck=False)
-    def paged_decode_attention(q, k_rows, v_rows, kv_index, kv_start, kv_len, out, scale, num_kv_heads):  # pragma: no cover - compiled
+    def paged_decode_attention(q, k_rows, v_rows, kv_index, kv_start, kv_len, out, scale, num_kv_heads, softcap, f16_probs):  # pragma: no cover - compiled
         """q [B, H, D] float32; k_rows / v_rows [slots * num_kv_heads, D] (the pool of one layer,
         float32, or bfloat16 bits as uint16);
         row ``b`` attends to slots ``kv_index[kv_start[b] : kv_start[b] + kv_len[b]]``; writes
         out [B, H, D]."""
+        capped = softcap > np.float32(0.0)
+        cap = softcap if capped else np.float32(1.0)
         batch, heads, _ = q.shape
         group = heads // num_kv_heads
         chunks = (group + lanes - 1) // lanes
@@ -176,15 +176,12 @@ _CHILD = (
 )
 
 
-def kernel_for(  # type: ignore[no-untyped-def]
-    head_dim: int, group: int, bf16: bool = False, f16_probs: bool = False, softcap: float | None = None
-):
-    """The compiled kernel for ``head_dim``, ``group`` query heads per KV head, the cache's
-    dtype, the probabilities' rounding and the scores' soft cap (see :func:`_build`), loaded
-    from numba's on-disk cache (compiled into it by a child process first when it is not there:
-    see :func:`_load`). A bfloat16 cache is
-    passed as its ``int16``/``uint16`` view; queries and output stay float32."""
-    key = (head_dim, min(group, LANES), bf16, f16_probs, None if softcap is None else float(softcap))
+def kernel_for(head_dim: int, group: int, bf16: bool = False):  # type: ignore[no-untyped-def]
+    """The compiled kernel for ``head_dim``, ``group`` query heads per KV head and the cache's
+    dtype (see :func:`_build`), loaded from numba's on-disk cache (compiled into it by a child
+    process first when it is not there: see :func:`_load`). A bfloat16 cache is passed as its
+    ``int16``/``uint16`` view; queries and output stay float32."""
+    key = (head_dim, min(group, LANES), bf16)
     kernel = _KERNELS.get(key)
     if kernel is None:
         kernel = _KERNELS[key] = _build(*key)
@@ -199,9 +196,10 @@ def attend(  # type: ignore[no-untyped-def]
     bfloat16 bits as uint16), numpy arrays; ``scale`` None: dim ** -0.5."""
     heads, dim = q.shape[1], q.shape[2]
     kv_heads = k_pool.shape[1]
-    kernel = kernel_for(dim, heads // kv_heads, k_pool.dtype == np.uint16, f16_probs, softcap)
+    kernel = kernel_for(dim, heads // kv_heads, k_pool.dtype == np.uint16)
     scale32 = np.float32(dim**-0.5 if scale is None else scale)
-    kernel(q, k_pool.reshape(-1, dim), v_pool.reshape(-1, dim), kv_index, kv_start, kv_len, out, scale32, kv_heads)
+    cap = np.float32(0.0 if softcap is None else softcap)
+    kernel(q, k_pool.reshape(-1, dim), v_pool.reshape(-1, dim), kv_index, kv_start, kv_len, out, scale32, kv_heads, cap, bool(f16_probs))
 
 
 def _signature(bf16: bool):  # type: ignore[no-untyped-def]
@@ -211,7 +209,7 @@ def _signature(bf16: bool):  # type: ignore[no-untyped-def]
     rows = (types.uint16 if bf16 else types.float32)[:, ::1]
     index = types.int64[::1]
     qo = types.float32[:, :, ::1]
-    return (qo, rows, rows, index, index, index, qo, types.float32, types.int64)
+    return (qo, rows, rows, index, index, index, qo, types.float32, types.int64, types.float32, types.boolean)
 
 
 def _load(kernel, key: tuple) -> None:  # type: ignore[no-untyped-def]
@@ -247,7 +245,7 @@ def _in_cache(kernel, sig) -> bool:  # type: ignore[no-untyped-def]
         return True
 
 
-def compile_here(head_dim: int, lanes: int, bf16: bool, f16_probs: bool, softcap: float | None = None) -> None:
+def compile_here(head_dim: int, lanes: int, bf16: bool) -> None:
     """Compile one kernel into numba's on-disk cache (run by :func:`_load`'s child process)."""
-    _build(head_dim, lanes, bf16, f16_probs, softcap).compile(_signature(bf16))
+    _build(head_dim, lanes, bf16).compile(_signature(bf16))
 

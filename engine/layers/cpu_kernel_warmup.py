@@ -40,8 +40,8 @@ def warm_up_linear(model: torch.nn.Module) -> None:
 def warm_up_attention(
     head_dim: int, heads: int, kv_heads: int, kv_dtype: torch.dtype, f16_probs: bool = False, softcap: float | None = None
 ) -> None:  # fmt: skip
-    """Run the decode attention for the model's head geometry over a ``kv_dtype`` cache, in the
-    variant its layers use (``f16_probs``: llama.cpp's precision; ``softcap``: Gemma 2's capped
+    """Run the decode attention for the model's head geometry over a ``kv_dtype`` cache, with the
+    options its layers pass (``f16_probs``: llama.cpp's precision; ``softcap``: Gemma 2's capped
     scores), where a forward would use it. On a cold cache a child process compiles it and this
     thread mostly waits: the caller runs it beside the in-process compiles."""
     if cpu_decode_attention.available() and kv_dtype in (torch.float32, torch.bfloat16) and heads % kv_heads == 0:
@@ -49,8 +49,9 @@ def warm_up_attention(
         q = np.zeros((1, heads, head_dim), np.float32)
         rows = np.zeros((2 * kv_heads, head_dim), np.uint16 if bf16 else np.float32)
         one = np.ones(1, np.int64)
-        cpu_decode_attention.kernel_for(head_dim, heads // kv_heads, bf16, f16_probs, softcap)(
-            q, rows, rows, np.zeros(1, np.int64), np.zeros(1, np.int64), one, np.empty_like(q), np.float32(head_dim**-0.5), kv_heads
+        cpu_decode_attention.kernel_for(head_dim, heads // kv_heads, bf16)(
+            q, rows, rows, np.zeros(1, np.int64), np.zeros(1, np.int64), one, np.empty_like(q), np.float32(head_dim**-0.5), kv_heads,
+            np.float32(0.0 if softcap is None else softcap), f16_probs,
         )
 
 
