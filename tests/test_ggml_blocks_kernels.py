@@ -6,7 +6,10 @@ with row counts that are no multiple of any tile. The torch path's ``dequantize`
 rows. The Triton kernels (GEMV for small M, tiled ``tl.dot`` above, the dequantize/embedding
 kernel) run on the CPU under ``TRITON_INTERPRET=1`` in a subprocess (the flag is read when
 ``@triton.jit`` decorates, so it must be set before the kernel module is imported), and, named
-``gpu``, compiled on a CUDA device with the same checks plus a CUDA-graph capture.
+``gpu``, compiled on a CUDA device with the same checks plus a CUDA-graph capture. Both GEMV
+kernels (the grouped default and the elementwise first one) are also checked directly, with the
+tiles the GPU uses as well as the interpreter's, on K that the steps tile exactly and K that
+they do not.
 
 A product is checked against float64 ``x @ W.T`` (x rounded to its dtype first) within
 ``tol * (|x| @ |W|.T)``: the error bound of rounding the weights to the dot's input dtype, which a
@@ -122,6 +125,48 @@ def check_kernels(device: str, types: list[str], shapes: list[list[int]], ms: li
     return failures
 
 
+GEMV_MS = [1, 2, 3, 8]
+# the smallest step (four units): several steps even at the test's small K
+SMALL_STEP_TILE = (16, 64, 4)
+
+
+def gemv_shapes(type_name: str) -> list[tuple[int, int]]:
+    """Ragged N; a K the interpreter's and the GPU's steps tile exactly, and one they do not."""
+    return [(37, 1024), (21, 768)] if FORMATS[type_name][0] == 256 else [(37, 512), (21, 288)]
+
+
+def check_gemv_variants(device: str, types: list[str]) -> list[str]:
+    """Both GEMV kernels for every M in ``GEMV_MS``: ``block_matmul``'s default (grouped) and
+    ``gemv="elementwise"``, and the grouped kernel with the GPU's tile for that M and with
+    ``SMALL_STEP_TILE`` (writing into NaNs, so a row or column left unwritten fails)."""
+    import triton
+
+    from formcast_kernels.ggml_blocks_triton import _GEMV_TILES, _gemv, block_matmul
+
+    failures: list[str] = []
+    for ti, type_name in enumerate(types):
+        for si, (n, k) in enumerate(gemv_shapes(type_name)):
+            raw = make_raw(type_name, n, k, seed=50 + 10 * ti + si)
+            w_ref = reference(type_name, raw)
+            bm = BlockMatrix.from_gguf(type_name, torch.from_numpy(raw).to(device), (n, k))
+            g = torch.Generator().manual_seed(3 * ti + si)
+            for mi, m in enumerate(GEMV_MS):
+                dname = DTYPES[(mi + si + ti) % len(DTYPES)]
+                x = torch.randn(m, k, generator=g).to(getattr(torch, dname))
+                xd = x.to(device)
+                results = {"grouped": block_matmul(bm, xd), "elementwise": block_matmul(bm, xd, gemv="elementwise")}
+                for name, tile in [("gpu tile", _GEMV_TILES[triton.next_power_of_2(m)]), ("small step", SMALL_STEP_TILE)]:
+                    out = torch.full((m, n), float("nan"), device=device)
+                    _gemv(bm, xd, out, "grouped", tile)
+                    results[f"grouped {name} {tile}"] = out
+                for name, got in results.items():
+                    err = product_errors(got, x, w_ref)
+                    if got.dtype != torch.float32 or tuple(got.shape) != (m, n) or not err <= TOLERANCE[dname]:
+                        case = f"{type_name} [{n}, {k}] M={m} {dname} {name}"
+                        failures.append(f"{case}: {got.dtype} {tuple(got.shape)} error {err:.3g}")
+    return failures
+
+
 # -- the torch path (CPU without the interpreter) ----------------------------------------------------
 
 
@@ -200,17 +245,18 @@ import json, os, sys
 sys.path.insert(0, os.environ["FORMCAST_ROOT"]); sys.path.insert(0, os.environ["FORMCAST_ROOT"] + "/tests")
 import formcast_kernels.ggml_blocks as ggml_blocks
 assert ggml_blocks.use_kernels(__import__("torch").zeros(1)), "the interpreter is not on"
-from test_ggml_blocks_kernels import check_kernels
-pairs, ms = json.loads(sys.argv[1])
-print(json.dumps([f for type_name, shape in pairs for f in check_kernels("cpu", [type_name], [shape], ms, exact_dequant=True)]))
+from test_ggml_blocks_kernels import check_gemv_variants, check_kernels
+if sys.argv[1] == "gemv":
+    print(json.dumps(check_gemv_variants("cpu", json.loads(sys.argv[2]))))
+else:
+    pairs, ms = json.loads(sys.argv[1])
+    print(json.dumps([f for t, shape in pairs for f in check_kernels("cpu", [t], [shape], ms, exact_dequant=True)]))
 """
 
 
-def _interpret(pairs: list[tuple[str, list[int]]], ms: list[int]) -> list[str]:
+def _interpret(*args: str) -> list[str]:
     env = dict(os.environ, TRITON_INTERPRET="1", FORMCAST_ROOT=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, json.dumps([pairs, ms])], env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, *args], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -219,7 +265,22 @@ def _interpret(pairs: list[tuple[str, list[int]]], ms: list[int]) -> list[str]:
 @pytest.mark.parametrize("types", [["Q4_0", "Q4_1", "Q5_0", "Q5_1"], ["Q8_0", "Q4_K", "Q5_K", "Q6_K"]])
 def test_triton_kernels_under_interpreter(types: list[str]) -> None:
     pytest.importorskip("triton")
-    assert _interpret([(t, list(SHAPES[i % len(SHAPES)])) for i, t in enumerate(types)], MS) == []
+    assert _interpret(json.dumps([[(t, list(SHAPES[i % len(SHAPES)])) for i, t in enumerate(types)], MS])) == []
+
+
+@pytest.mark.parametrize("types", [["Q4_0", "Q4_1", "Q5_0", "Q5_1"], ["Q8_0", "Q4_K", "Q5_K", "Q6_K"]])
+def test_gemv_kernels_under_interpreter(types: list[str]) -> None:
+    pytest.importorskip("triton")
+    assert _interpret("gemv", json.dumps(types)) == []
+
+
+def test_block_matmul_rejects_an_unknown_gemv() -> None:
+    pytest.importorskip("triton")
+    from formcast_kernels.ggml_blocks_triton import block_matmul
+
+    bm = BlockMatrix.from_gguf("Q4_0", torch.from_numpy(make_raw("Q4_0", 4, 64, seed=0)), (4, 64))
+    with pytest.raises(ValueError, match="gemv"):
+        block_matmul(bm, torch.zeros(1, 64), gemv="fast")
 
 
 # -- compiled on a GPU -------------------------------------------------------------------------------
@@ -229,6 +290,11 @@ def test_triton_kernels_under_interpreter(types: list[str]) -> None:
 def test_gpu_kernels_match_gguf() -> None:
     shapes = [list(s) for s in SHAPES] + [[1000, 2048]]
     assert check_kernels("cuda", TYPES, shapes, MS + [16, 128, 300], exact_dequant=False) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_gemv_variants_match_gguf() -> None:
+    assert check_gemv_variants("cuda", TYPES) == []
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
