@@ -16,11 +16,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 NUMBA_CACHE_DIR=/tmp/numba-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-SECTIONS="${1:-tests,gguf,graphs}"
+SECTIONS="${1:-tests,blocks,gguf,graphs}"  # blocks: the grouped GEMV against the elementwise one, not yet timed
 case ",$SECTIONS," in *,tests,*)
   # shellcheck disable=SC2086
   timeout "${TEST_LIMIT:-210}" python3 -m pytest -q -p no:cacheprovider -k "${TEST_FILTER:-gpu}" --durations=12 \
-    ${TESTS:-tests/test_cuda_graph_runner.py tests/test_ggml_blocks_kernels.py::test_gpu_matmul_is_cuda_graph_capturable tests/test_gguf_cuda.py} \
+    ${TESTS:-tests/test_cuda_graph_runner.py tests/test_ggml_blocks_kernels.py::test_gpu_matmul_is_cuda_graph_capturable tests/test_ggml_blocks_kernels.py::test_gpu_gemv_variants_match_gguf tests/test_gguf_cuda.py} \
     2>&1 | tee "$OUT/tests.log" | tail -45 ;;
 esac
 case ",$SECTIONS," in *,gguf,*) timeout "${GGUF_LIMIT:-130}" python3 bench/gpu_bench.py --quick --only gguf 2>&1 | tee "$OUT/gguf.log" ;; esac
