@@ -246,23 +246,34 @@ def test_a_second_process_on_a_cold_cache_waits_instead_of_compiling_again(tmp_p
     assert lines and "another process" in lines[0]
 
 
-_COLD_SCRIPT = """
-import json, sys
-sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/tests")
-from grammar import jit_warmup
-assert not jit_warmup.is_warm()
-assert jit_warmup.warm_up_now()  # the two children compile into the empty cache
-assert jit_warmup.is_warm()
-import test_compile_cache as t
-out = {c.digest: t._fingerprint(t._fresh(c, disk=None)) for c in t.CONSTRAINTS}  # loads, or compiles the rest here
-print(json.dumps({"fingerprints": out, "signatures": jit_warmup.compiled_signatures()}))
-"""
-
 # Kernels allowed more than one compiled version, each with its reason (none today).
 # Kernels allowed more than one compiled version, with how many at most. The determinizer's one
 # generic growth: a version per element type (int8, int32, int64, bool), as many as the four typed
 # copies it replaced.
 SIGNATURE_ALLOWLIST: dict[str, int] = {"determinizer._grow": 4}
+
+
+def _cold_start_census(tmp_path: Path, request) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
+    """(what a cold interpreter computed, the warm reference). The cold one is the record the test
+    command's warm-up wrote when it started on an empty cache (``make test`` on a fresh machine),
+    else ``tests/cold_cache_record.py`` run here on an empty temporary cache."""
+    recorded = os.environ.get("FORMCAST_COLD_CACHE_RECORD")
+    if recorded and Path(recorded).is_file():
+        return json.loads(Path(recorded).read_text()), request.getfixturevalue("plain")
+    record = tmp_path / "cold.json"
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    env.pop("FORMCAST_NO_JIT_WARMUP", None)
+    script = ROOT / "tests" / "cold_cache_record.py"
+    proc = subprocess.Popen([sys.executable, str(script), str(record)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        plain = request.getfixturevalue("plain")  # the warm reference, computed meanwhile
+        _, err = proc.communicate(timeout=1800)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and record.is_file(), err[-3000:]
+    return json.loads(record.read_text()), plain
 
 
 @pytest.mark.slow
@@ -271,18 +282,8 @@ def test_an_empty_numba_cache_gives_the_same_results_and_compiles_each_kernel_on
     # children compile into an empty NUMBA_CACHE_DIR, that interpreter loads what they wrote and
     # compiles whatever they did not; the masks and verdicts must be the warm process's, and the
     # cache must hold one version of each kernel (cold start pays per version).
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
-    env.pop("FORMCAST_NO_JIT_WARMUP", None)
-    proc = subprocess.Popen([sys.executable, "-c", _COLD_SCRIPT, str(ROOT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        plain = request.getfixturevalue("plain")  # the warm reference, computed meanwhile
-        out, err = proc.communicate(timeout=1800)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err[-3000:]
-    cold = json.loads(out.strip().splitlines()[-1])
+    cold, plain = _cold_start_census(tmp_path, request)
+    assert cold["warm_after"], "the warm-up did not mark the cache warm"
     assert cold["fingerprints"] == {c.digest: plain[c] for c in CONSTRAINTS}
     signatures = cold["signatures"]
     assert sum(1 for sigs in signatures.values() if sigs) >= 30, "the census sees the kernels compiled"
