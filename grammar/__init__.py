@@ -17,6 +17,7 @@ from .bitmask import (
     bitmask_width,
     pack_bool_mask,
     reset_token_bitmask,
+    tokens_allowed,
     unpack_bitmask,
 )
 from .errors import (
@@ -71,6 +72,7 @@ __all__ = [
     "bitmask_width",
     "pack_bool_mask",
     "reset_token_bitmask",
+    "tokens_allowed",
     "unpack_bitmask",
     *_LAZY,
 ]

@@ -49,3 +49,10 @@ def unpack_bitmask(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
 def allowed_token_ids(bitmask_row: np.ndarray, vocab_size: int) -> np.ndarray:
     """The ids set in one row, ascending."""
     return np.flatnonzero(unpack_bitmask(bitmask_row, vocab_size))
+
+
+def tokens_allowed(bitmask_row: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Whether each of ``ids`` (int64, all below the row's 32 * width) is set in one row: a bool
+    array of ``ids``' shape, without unpacking the whole row."""
+    words = np.ascontiguousarray(bitmask_row, dtype=BITMASK_DTYPE).view(np.uint32)
+    return ((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)

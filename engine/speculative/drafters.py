@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from grammar import GrammarError, GrammarMatcher, unpack_bitmask
+from grammar import GrammarError, GrammarMatcher, tokens_allowed, unpack_bitmask
 
 if TYPE_CHECKING:
     from grammar import CompiledGrammar
@@ -361,7 +361,7 @@ def _grammar_span(prompt: np.ndarray, matcher: GrammarMatcher, room: int) -> lis
     except GrammarError:
         return []
     ids = prompt[prompt < row.shape[0] * 32]
-    starts = np.flatnonzero((row[ids >> 5] >> (ids & 31)) & 1)
+    starts = np.flatnonzero(tokens_allowed(row, ids))
     if not len(starts) or len(starts) > LOOKUP_MAX_SHARE * len(ids):
         return []
     best, best_start = LOOKUP_MIN_TOKENS - 1, None
@@ -456,17 +456,6 @@ def _with_forced_text(matcher: GrammarMatcher, token: int | None, second: bool =
         return nexts or [spelled]
     finally:
         matcher.rollback(1)
-
-
-def _takes(matcher: GrammarMatcher, token: int) -> bool:
-    """The grammar takes ``token`` from where it stands (``matcher`` is left as it was)."""
-    try:
-        ok = matcher.accept_token(token)
-    except GrammarError:
-        return False
-    if ok:
-        matcher.rollback(1)
-    return ok
 
 
 def _forced(matcher: GrammarMatcher) -> bytes:
