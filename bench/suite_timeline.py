@@ -1,0 +1,176 @@
+"""Where the test suite's wall time goes: each worker's tests and compiles on one timeline (issue 23).
+
+A pytest plugin and its report. With ``FORMCAST_SUITE_TIMELINE`` naming a folder, every
+pytest-xdist worker writes one JSON line per test start and end, per numba compile finished in
+that process (outermost compiles only: a callee compiled inside its caller is the caller's
+time), and per decode-attention kernel that had to be compiled into the cache by a child process
+(``cpu_decode_attention._load``; the child's compile happens outside the worker, which waits).
+
+    FORMCAST_SUITE_TIMELINE=/tmp/tl PYTHONPATH=bench .venv/bin/python -m pytest -q -p no:cacheprovider \\
+        -p suite_timeline -n 2 --dist loadfile --no-loadscope-reorder
+    .venv/bin/python bench/suite_timeline.py /tmp/tl
+
+The report: each worker's span and how long it waited at the end for the other, the files that
+took longest, the slowest tests, the in-process compiles by function and the attention kernels
+compiled by children. Run it on an empty ``NUMBA_CACHE_DIR`` after ``tests/cold_cache_record.py``
+(as ``make test`` does) to see a CI run's compiles. numba is imported only once collection is
+over: the test configuration sets its thread counts before anything imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+_FOLDER = os.environ.get("FORMCAST_SUITE_TIMELINE")
+_out: TextIO | None = None
+_depth = [0]
+_started: list[float] = []
+_current_test = [""]
+
+
+def _write(**event: Any) -> None:
+    if _out is not None:
+        _out.write(json.dumps({"t": time.time(), **event}) + "\n")
+        _out.flush()
+
+
+def pytest_configure(config: Any) -> None:
+    global _out
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    if worker == "main" and getattr(config.option, "numprocesses", None):
+        return  # pytest-xdist's controller: its test reports are the workers', relayed
+    if _FOLDER:
+        Path(_FOLDER).mkdir(parents=True, exist_ok=True)
+        _out = open(Path(_FOLDER) / f"{worker}.jsonl", "w", encoding="utf-8")  # noqa: SIM115 - open for the session
+
+
+def _listen_to_numba() -> None:
+    from numba.core import event
+
+    class CompileListener(event.Listener):
+        def on_start(self, ev: Any) -> None:
+            _started.append(time.perf_counter())
+
+        def on_end(self, ev: Any) -> None:
+            seconds = time.perf_counter() - _started.pop()
+            if not _started:
+                fn = getattr(ev.data.get("dispatcher"), "py_func", None)
+                name = f"{fn.__module__}.{fn.__qualname__}" if fn is not None else "?"
+                _write(kind="compile", fn=name, seconds=seconds, test=_current_test[0])
+
+    event.register("numba:compile", CompileListener())
+
+
+def _watch_attention_children() -> None:
+    try:
+        from engine.layers import cpu_decode_attention as attention
+    except ImportError:
+        return
+    if not attention.available():
+        return
+    load = attention._load
+
+    def timed_load(kernel: Any, key: tuple) -> None:
+        fresh = hasattr(kernel, "compile") and not attention._in_cache(kernel, attention._signature(key[2]))
+        start = time.perf_counter()
+        load(kernel, key)
+        if fresh:
+            _write(kind="child_compile", key=list(key), seconds=time.perf_counter() - start, test=_current_test[0])
+
+    attention._load = timed_load
+
+
+def pytest_collection_finish(session: Any) -> None:
+    if _out is not None:
+        _listen_to_numba()
+        _watch_attention_children()
+
+
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    _current_test[0] = nodeid
+    _write(kind="start", test=nodeid)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
+    _write(kind="end", test=nodeid)
+
+
+@dataclass
+class WorkerTimeline:
+    """One worker's events, read back."""
+
+    name: str
+    tests: dict[str, float] = field(default_factory=dict)  # node id -> seconds, setup to teardown
+    first: float = float("inf")
+    last: float = 0.0
+    compiles: Counter = field(default_factory=Counter)  # function -> seconds
+    children: list[tuple[tuple, float, str]] = field(default_factory=list)  # (key, seconds, test)
+
+    @classmethod
+    def read(cls, path: Path) -> WorkerTimeline:
+        timeline = cls(path.stem)
+        starts: dict[str, float] = {}
+        for line in path.read_text(encoding="utf-8").splitlines():
+            ev = json.loads(line)
+            if ev["kind"] == "start":
+                starts[ev["test"]] = ev["t"]
+                timeline.first = min(timeline.first, ev["t"])
+            elif ev["kind"] == "end" and ev["test"] in starts:
+                timeline.tests[ev["test"]] = ev["t"] - starts[ev["test"]]
+                timeline.last = max(timeline.last, ev["t"])
+            elif ev["kind"] == "compile":
+                timeline.compiles[ev["fn"]] += ev["seconds"]
+            elif ev["kind"] == "child_compile":
+                timeline.children.append((tuple(ev["key"]), ev["seconds"], ev["test"]))
+        return timeline
+
+
+def report(folder: Path, top: int = 15) -> str:
+    workers = [WorkerTimeline.read(p) for p in sorted(folder.glob("*.jsonl"))]
+    workers = [w for w in workers if w.tests]
+    if not workers:
+        return f"no test events under {folder}"
+    start, end = min(w.first for w in workers), max(w.last for w in workers)
+    lines = [f"first test to last: {end - start:.1f} s over {len(workers)} worker(s)", "",
+             "| worker | tests | sum of test times | span | idle at the end | in-process compiles | child compiles |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for w in workers:
+        lines.append(
+            f"| {w.name} | {len(w.tests)} | {sum(w.tests.values()):.1f} s | {w.last - w.first:.1f} s | {end - w.last:.1f} s "
+            f"| {sum(w.compiles.values()):.1f} s | {sum(s for _, s, _ in w.children):.1f} s ({len(w.children)}) |"
+        )
+    files: Counter = Counter()
+    for w in workers:
+        for test, seconds in w.tests.items():
+            files[test.split("::")[0]] += seconds
+    lines += ["", f"Files, {top} longest:"] + [f"  {s:7.1f} s  {f}" for f, s in files.most_common(top)]
+    tests = sorted(((s, t) for w in workers for t, s in w.tests.items()), reverse=True)[:top]
+    lines += ["", f"Tests, {top} slowest:"] + [f"  {s:7.1f} s  {t}" for s, t in tests]
+    compiles: Counter = Counter()
+    for w in workers:
+        compiles.update(w.compiles)
+    lines += ["", f"In-process numba compiles, {top} costliest (all workers):"]
+    lines += [f"  {s:7.1f} s  {f}" for f, s in compiles.most_common(top)]
+    children = sorted((c for w in workers for c in w.children), key=lambda c: -c[1])
+    lines += ["", f"Decode-attention kernels compiled by a child ({len(children)}, {sum(c[1] for c in children):.1f} s of waiting):"]
+    lines += [f"  {s:7.1f} s  (head_dim, lanes, bf16) = {key}  first needed by {test}" for key, s, test in children]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder", type=Path, help="the FORMCAST_SUITE_TIMELINE folder of a run")
+    ap.add_argument("--top", type=int, default=15)
+    args = ap.parse_args()
+    print(report(args.folder, args.top))
+
+
+if __name__ == "__main__":
+    main()
