@@ -73,9 +73,9 @@ def _watch_attention_children() -> None:
         from engine.layers import cpu_decode_attention as attention
     except ImportError:
         return
-    if not attention.available():
+    load = getattr(attention, "_load", None)
+    if not attention.available() or load is None:  # no numba, or the kernel loads another way now
         return
-    load = attention._load
 
     def timed_load(kernel: Any, key: tuple) -> None:
         fresh = hasattr(kernel, "compile") and not attention._in_cache(kernel, attention._signature(key[2]))
