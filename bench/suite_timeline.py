@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,6 +34,22 @@ _out: TextIO | None = None
 _depth = [0]
 _started: list[float] = []
 _current_test = [""]
+
+
+def _machine_idle() -> float:
+    """Core-seconds the whole machine has spent idle (idle + iowait) since boot; 0 off Linux."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return 0.0
+    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+
+
+def _clocks() -> dict[str, float]:
+    """This worker's CPU (all its threads), its reaped children's, and the machine's idle time."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"cpu": time.process_time(), "kids": kids.ru_utime + kids.ru_stime, "idle": _machine_idle()}
 
 
 def _write(**event: Any) -> None:
@@ -95,11 +112,11 @@ def pytest_collection_finish(session: Any) -> None:
 
 def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
     _current_test[0] = nodeid
-    _write(kind="start", test=nodeid)
+    _write(kind="start", test=nodeid, **_clocks())
 
 
 def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
-    _write(kind="end", test=nodeid)
+    _write(kind="end", test=nodeid, **_clocks())
 
 
 @dataclass
@@ -112,19 +129,27 @@ class WorkerTimeline:
     last: float = 0.0
     compiles: Counter = field(default_factory=Counter)  # function -> seconds
     children: list[tuple[tuple, float, str]] = field(default_factory=list)  # (key, seconds, test)
+    # node id -> (own CPU, reaped children's CPU, machine idle core-seconds), setup to teardown
+    clocks: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    idle: list[tuple[float, float]] = field(default_factory=list)  # (wall time, machine idle so far)
 
     @classmethod
     def read(cls, path: Path) -> WorkerTimeline:
         timeline = cls(path.stem)
-        starts: dict[str, float] = {}
+        starts: dict[str, dict] = {}
         for line in path.read_text(encoding="utf-8").splitlines():
             ev = json.loads(line)
+            if "idle" in ev:
+                timeline.idle.append((ev["t"], ev["idle"]))
             if ev["kind"] == "start":
-                starts[ev["test"]] = ev["t"]
+                starts[ev["test"]] = ev
                 timeline.first = min(timeline.first, ev["t"])
             elif ev["kind"] == "end" and ev["test"] in starts:
-                timeline.tests[ev["test"]] = ev["t"] - starts[ev["test"]]
+                begin = starts[ev["test"]]
+                timeline.tests[ev["test"]] = ev["t"] - begin["t"]
                 timeline.last = max(timeline.last, ev["t"])
+                if "cpu" in ev and "cpu" in begin:
+                    timeline.clocks[ev["test"]] = tuple(ev[k] - begin[k] for k in ("cpu", "kids", "idle"))
             elif ev["kind"] == "compile":
                 timeline.compiles[ev["fn"]] += ev["seconds"]
             elif ev["kind"] == "child_compile":
@@ -146,6 +171,20 @@ def report(folder: Path, top: int = 15) -> str:
             f"| {w.name} | {len(w.tests)} | {sum(w.tests.values()):.1f} s | {w.last - w.first:.1f} s | {end - w.last:.1f} s "
             f"| {sum(w.compiles.values()):.1f} s | {sum(s for _, s, _ in w.children):.1f} s ({len(w.children)}) |"
         )
+    marks = sorted(m for w in workers for m in w.idle)
+    if len(marks) > 1:
+        idle = marks[-1][1] - marks[0][1]
+        span = marks[-1][0] - marks[0][0]
+        lines += ["", f"The machine was idle for {idle:.1f} core-seconds of the {span:.1f} s between the first mark "
+                  f"and the last ({os.cpu_count()} cores: {idle / span:.2f} cores idle on average)."]
+    # A test that waits: wall time that neither the worker's threads nor its reaped children spent
+    # on a CPU (a server or a Ray actor not reaped by the worker counts as waiting here).
+    waiting = sorted(((s - sum(w.clocks[t][:2]), t, s, w.clocks[t]) for w in workers for t, s in w.tests.items()
+                      if t in w.clocks), reverse=True)[:top]
+    if waiting:
+        lines += ["", f"Tests that wait, {top} longest (wall, own CPU, reaped children's CPU, machine idle during it):"]
+        lines += [f"  {wait:7.1f} s waiting  {t}  ({s:.1f}, {c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f} core-s idle)"
+                  for wait, t, s, c in waiting]
     files: Counter = Counter()
     for w in workers:
         for test, seconds in w.tests.items():

@@ -152,3 +152,30 @@ def test_conversion_flow_with_a_fake_converter(tmp_path, monkeypatch):
     (first / model_files._COMPLETE_MARKER).write_text("0")  # an older layout is rebuilt
     assert default_model_dir(cache_dir=tmp_path) == first and len(calls) == 2
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == [model_files.MODEL_NAME]
+
+
+def test_the_conversion_parses_a_file_once_and_restores_gguf(tmp_path):
+    """Inside the conversion one path gives one parsed reader (transformers asks three times)
+    and one tensor-name table per architecture; outside it ``gguf`` is what it was."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("output_norm.weight", np.arange(4, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    real_reader, real_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with model_files._gguf_parsed_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first
+        assert [t.name for t in first.tensors] == ["output_norm.weight"]
+        assert first.tensors[0].data.tolist() == [0.0, 1.0, 2.0, 3.0]
+        table = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 1)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 1) is table
+        assert table.get_name("model.norm") == "output_norm"
+    assert gguf.GGUFReader is real_reader and gguf.get_tensor_name_map is real_name_map
+    assert gguf.GGUFReader(path) is not first
