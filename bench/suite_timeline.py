@@ -185,10 +185,7 @@ def report(folder: Path, top: int = 15) -> str:
         lines += ["", f"Tests that wait, {top} longest (wall, own CPU, reaped children's CPU, machine idle during it):"]
         lines += [f"  {wait:7.1f} s waiting  {t}  ({s:.1f}, {c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f} core-s idle)"
                   for wait, t, s, c in waiting]
-    files: Counter = Counter()
-    for w in workers:
-        for test, seconds in w.tests.items():
-            files[test.split("::")[0]] += seconds
+    files = Counter(file_durations(folder))
     lines += ["", f"Files, {top} longest:"] + [f"  {s:7.1f} s  {f}" for f, s in files.most_common(top)]
     tests = sorted(((s, t) for w in workers for t, s in w.tests.items()), reverse=True)[:top]
     lines += ["", f"Tests, {top} slowest:"] + [f"  {s:7.1f} s  {t}" for s, t in tests]
@@ -207,8 +204,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", type=Path, help="the FORMCAST_SUITE_TIMELINE folder of a run")
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--write-durations", type=Path, metavar="JSON",
+                    help="also write each file's summed test time there (tests/file_durations.json orders the files)")
     args = ap.parse_args()
     print(report(args.folder, args.top))
+    if args.write_durations:
+        args.write_durations.write_text(json.dumps(file_durations(args.folder), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def file_durations(folder: Path) -> dict[str, float]:
+    """Seconds of each test file in a run, setup to teardown of its tests, on every worker."""
+    files: Counter = Counter()
+    for path in sorted(folder.glob("*.jsonl")):
+        for test, seconds in WorkerTimeline.read(path).tests.items():
+            files[test.split("::")[0]] += seconds
+    return {name: round(seconds, 1) for name, seconds in files.items()}
 
 
 if __name__ == "__main__":

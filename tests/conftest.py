@@ -11,9 +11,9 @@ Heavy imports (transformers, torch) happen inside the fixtures so grammar-only t
 
 Parallel runs: ``make test`` runs two pytest-xdist workers, each taking whole files
 (``--dist loadfile``), so a module's fixtures (a loaded model, an Engine) are built once, in one
-process. Each worker gets its share of the cores for torch's and numba's thread pools; files
-marked ``slow`` (the end-to-end ones with the real model) are handed out first, so the two workers
-finish together instead of one starting the longest file last. What the workers share is safe to
+process. Each worker gets its share of the cores for torch's and numba's thread pools; files are
+handed out longest first (``file_durations.json``), so the two workers finish together instead of
+one starting a long file last. What the workers share is safe to
 share: the model conversion into ``~/.cache/formcast`` takes a lock and publishes by rename
 (``engine/hf/model_files.py``), the vocabulary table and numba's cache are written to a temporary
 file and renamed into place, and the servers the tests start listen on free ports (port 0).
@@ -22,8 +22,10 @@ file and renamed into place, and the servers the tests start listen on free port
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import threading
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -42,14 +44,35 @@ if os.environ.get("PYTEST_XDIST_WORKER") and _WORKERS > 1:
         os.environ.setdefault(_var, str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 
+# Seconds each test file took in a cold run of the suite (``bench/suite_timeline.py
+# --write-durations``). Only the order of the files depends on it, never a verdict.
+FILE_DURATIONS = Path(__file__).with_name("file_durations.json")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files with end-to-end (``slow``) tests first, each file's tests kept in their order: with
-    ``--dist loadfile`` the longest files start at once rather than last. A run in one process
+    """Under pytest-xdist, the longest files first, each file's tests kept in their order.
+
+    With ``--dist loadfile`` a worker takes the next file when it is done, so files handed out
+    longest first end the two workers together (a 22 s file handed out last left the other
+    worker idle for 18 s). Lengths come from FILE_DURATIONS; a file missing there (a new one)
+    goes first if it has end-to-end (``slow``) tests and last otherwise. A run in one process
     keeps pytest's order."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
+    try:
+        durations: dict[str, float] = json.loads(FILE_DURATIONS.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        durations = {}
+    root = Path(__file__).resolve().parent.parent
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow_files)  # a stable sort keeps the order within a file
+
+    def length(item: pytest.Item) -> float:
+        recorded = durations.get(Path(os.path.relpath(item.path, root)).as_posix())
+        if recorded is not None:
+            return recorded
+        return float("inf") if item.path in slow_files else 0.0
+
+    items.sort(key=lambda item: -length(item))  # a stable sort keeps the order within a file
 
 
 # CI runs the property tests with a fixed derandomized seed, so a submission's verdict does not
