@@ -103,7 +103,7 @@ LLAMA_TYPES = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q
 
 
 def _llama_cpp_logits(path, prompt: list[int], steps: int) -> tuple[np.ndarray, list[int], np.ndarray]:
-    llm = llama_cpp_model(path, n_ctx=256, n_batch=64, n_threads=2, logits_all=True)
+    llm = llama_cpp_model(path, n_ctx=256, n_batch=64, n_threads=1, logits_all=True)  # no spinning barrier beside another worker
     llm.eval(prompt)
     prompt_logits = np.array(llm.scores[: len(prompt)])
     tokens, decode = [], []
