@@ -10,9 +10,12 @@ time), and per decode-attention kernel that had to be compiled into the cache by
         -p suite_timeline -n 2 --dist loadfile --no-loadscope-reorder
     .venv/bin/python bench/suite_timeline.py /tmp/tl
 
-The report: each worker's span and how long it waited at the end for the other, the files that
-took longest, the slowest tests, the in-process compiles by function and the attention kernels
-compiled by children. Run it on an empty ``NUMBA_CACHE_DIR`` after ``tests/cold_cache_record.py``
+The report: each worker's span and how long it waited at the end for the other, how many
+core-seconds the whole machine sat idle (``/proc/stat``), the tests that wait (wall time that
+neither the worker's threads nor its reaped children spent on a CPU: a lock, a server, a Ray
+actor), the files that took longest, the slowest tests, the in-process compiles by function and
+the attention kernels compiled by children. ``--write-durations tests/file_durations.json``
+records each file's time, the order in which ``tests/conftest.py`` hands the files out. Run it on an empty ``NUMBA_CACHE_DIR`` after ``tests/cold_cache_record.py``
 (as ``make test`` does) to see a CI run's compiles. numba is imported only once collection is
 over: the test configuration sets its thread counts before anything imports it.
 """
