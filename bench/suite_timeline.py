@@ -15,8 +15,9 @@ core-seconds the whole machine sat idle (``/proc/stat``), the tests that wait (w
 neither the worker's threads nor its reaped children spent on a CPU: a lock, a server, a Ray
 actor), the files that took longest, the slowest tests, the in-process compiles by function and
 the attention kernels compiled by children. ``--write-durations tests/file_durations.json``
-records each file's time, the order in which ``tests/conftest.py`` hands the files out. Run it on an empty ``NUMBA_CACHE_DIR`` after ``tests/cold_cache_record.py``
-(as ``make test`` does) to see a CI run's compiles. numba is imported only once collection is
+records each file's time, the order in which ``tests/conftest.py`` hands the files out. Run it
+on an empty ``NUMBA_CACHE_DIR`` after ``tests/cold_cache_record.py`` (as ``make test`` does) to
+see a CI run's compiles. numba is imported only once collection is
 over: the test configuration sets its thread counts before anything imports it.
 """
 
@@ -34,7 +35,6 @@ from typing import Any, TextIO
 
 _FOLDER = os.environ.get("FORMCAST_SUITE_TIMELINE")
 _out: TextIO | None = None
-_depth = [0]
 _started: list[float] = []
 _current_test = [""]
 
@@ -160,9 +160,13 @@ class WorkerTimeline:
         return timeline
 
 
-def report(folder: Path, top: int = 15) -> str:
+def read_workers(folder: Path) -> list[WorkerTimeline]:
+    """The timelines of the workers that ran tests in a run's folder."""
     workers = [WorkerTimeline.read(p) for p in sorted(folder.glob("*.jsonl"))]
-    workers = [w for w in workers if w.tests]
+    return [w for w in workers if w.tests]
+
+
+def report(folder: Path, workers: list[WorkerTimeline], top: int = 15) -> str:
     if not workers:
         return f"no test events under {folder}"
     start, end = min(w.first for w in workers), max(w.last for w in workers)
@@ -188,7 +192,7 @@ def report(folder: Path, top: int = 15) -> str:
         lines += ["", f"Tests that wait, {top} longest (wall, own CPU, reaped children's CPU, machine idle during it):"]
         lines += [f"  {wait:7.1f} s waiting  {t}  ({s:.1f}, {c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f} core-s idle)"
                   for wait, t, s, c in waiting]
-    files = Counter(file_durations(folder))
+    files = Counter(file_durations(workers))
     lines += ["", f"Files, {top} longest:"] + [f"  {s:7.1f} s  {f}" for f, s in files.most_common(top)]
     tests = sorted(((s, t) for w in workers for t, s in w.tests.items()), reverse=True)[:top]
     lines += ["", f"Tests, {top} slowest:"] + [f"  {s:7.1f} s  {t}" for s, t in tests]
@@ -210,16 +214,17 @@ def main() -> None:
     ap.add_argument("--write-durations", type=Path, metavar="JSON",
                     help="also write each file's summed test time there (tests/file_durations.json orders the files)")
     args = ap.parse_args()
-    print(report(args.folder, args.top))
+    workers = read_workers(args.folder)
+    print(report(args.folder, workers, args.top))
     if args.write_durations:
-        args.write_durations.write_text(json.dumps(file_durations(args.folder), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        args.write_durations.write_text(json.dumps(file_durations(workers), indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def file_durations(folder: Path) -> dict[str, float]:
+def file_durations(workers: list[WorkerTimeline]) -> dict[str, float]:
     """Seconds of each test file in a run, setup to teardown of its tests, on every worker."""
     files: Counter = Counter()
-    for path in sorted(folder.glob("*.jsonl")):
-        for test, seconds in WorkerTimeline.read(path).tests.items():
+    for w in workers:
+        for test, seconds in w.tests.items():
             files[test.split("::")[0]] += seconds
     return {name: round(seconds, 1) for name, seconds in files.items()}
 
