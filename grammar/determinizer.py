@@ -274,15 +274,21 @@ def _make_room(keys, vals, n, old_keys, old_vals, moved):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
+def _probe(keys, vals, key, h):  # pragma: no cover
+    """The first slot from ``h`` on that is free or holds ``key`` (every map's probe: a node's
+    key is the node itself, a run's key is its hash, so equal keys are candidates there)."""
+    mask = keys.shape[0] - 1
+    h &= mask
+    while vals[h] != -1 and keys[h] != key:
+        h = (h + 1) & mask
+    return h
+
+
+@njit(cache=True, nogil=True)
 def _find_node(keys, vals, key):  # pragma: no cover
     """(node id or -1, the free slot where the probe ended)."""
-    mask = keys.shape[0] - 1
-    h = _mix(key) & mask
-    while vals[h] != -1:
-        if keys[h] == key:
-            return vals[h], h
-        h = (h + 1) & mask
-    return -1, h
+    h = _probe(keys, vals, key, _mix(key))
+    return vals[h], h
 
 
 @njit(cache=True, nogil=True)
@@ -292,12 +298,10 @@ def intern_node(c, q, ps):  # pragma: no cover
         c.nmap_keys, c.nmap_vals, c.nmap_n, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved)
     key = (np.int64(q) << 32) | np.int64(ps)
     found, h = _find_node(c.nmap_keys, c.nmap_vals, key)
+    if found < 0:  # a table still being moved (else a one-slot placeholder: a miss)
+        found = _find_node(c.nmap_old_keys, c.nmap_old_vals, key)[0]
     if found >= 0:
         return found
-    if c.nmap_old_vals.shape[0] > 1:  # a move is under way
-        found, _ = _find_node(c.nmap_old_keys, c.nmap_old_vals, key)
-        if found >= 0:
-            return found
     depth = 1 + c.ps_depth[ps]
     if depth > c.max_depth:
         return ERR_DEPTH
@@ -333,14 +337,10 @@ def _same_run(pool, start, buf, n):  # pragma: no cover
 def _find_run(keys, vals, key, pool, starts, lens, buf, n):  # pragma: no cover
     """(id of the run equal to buf[:n] or -1, the free slot where the probe ended); keys are
     the runs' hashes."""
-    mask = keys.shape[0] - 1
-    h = _mix(key) & mask
-    while vals[h] != -1:
-        i = vals[h]
-        if keys[h] == key and lens[i] == n and _same_run(pool, starts[i], buf, n):
-            return i, h
-        h = (h + 1) & mask
-    return -1, h
+    h = _probe(keys, vals, key, _mix(key))
+    while vals[h] != -1 and not (lens[vals[h]] == n and _same_run(pool, starts[vals[h]], buf, n)):
+        h = _probe(keys, vals, key, h + 1)
+    return vals[h], h
 
 
 @njit(cache=True, nogil=True)
@@ -350,12 +350,10 @@ def intern_parents(c, buf, n):  # pragma: no cover
         c.psmap_keys, c.psmap_vals, c.psmap_n, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved)
     key = _hash_run(buf, n, I64(0))
     found, h = _find_run(c.psmap_keys, c.psmap_vals, key, c.ps_pool, c.ps_start, c.ps_len, buf, n)
+    if found < 0:  # a table still being moved (else a one-slot placeholder: a miss)
+        found = _find_run(c.psmap_old_keys, c.psmap_old_vals, key, c.ps_pool, c.ps_start, c.ps_len, buf, n)[0]
     if found >= 0:
         return found
-    if c.psmap_old_vals.shape[0] > 1:  # a move is under way
-        found, _ = _find_run(c.psmap_old_keys, c.psmap_old_vals, key, c.ps_pool, c.ps_start, c.ps_len, buf, n)
-        if found >= 0:
-            return found
     ps = c.n_ps
     if ps == c.ps_start.shape[0]:
         c.ps_start = _grow(c.ps_start, ps + 1, I64(0))
@@ -386,12 +384,10 @@ def intern_config(c, buf, n, flags):  # pragma: no cover
         c.cmap_keys, c.cmap_vals, c.cmap_n, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved)
     key = _hash_run(buf, n, flags)
     found, h = _find_config(c, c.cmap_keys, c.cmap_vals, key, buf, n, flags)
+    if found < 0:  # a table still being moved (else a one-slot placeholder: a miss)
+        found = _find_config(c, c.cmap_old_keys, c.cmap_old_vals, key, buf, n, flags)[0]
     if found >= 0:
         return found
-    if c.cmap_old_vals.shape[0] > 1:  # a move is under way
-        found, _ = _find_config(c, c.cmap_old_keys, c.cmap_old_vals, key, buf, n, flags)
-        if found >= 0:
-            return found
     cid = c.n_cfg
     if cid >= c.max_states:
         return ERR_STATES
@@ -425,16 +421,18 @@ def intern_config(c, buf, n, flags):  # pragma: no cover
 def _find_config(c, keys, vals, key, buf, n, flags):  # pragma: no cover
     """(id of the configuration with kernel buf[:n] and flags, or -1; the free slot where the
     probe ended)."""
-    mask = keys.shape[0] - 1
-    h = _mix(key) & mask
-    while vals[h] != -1:
-        cid = vals[h]
-        if keys[h] == key and c.cfg_len[cid] == n:
-            f = (1 if c.accepting[cid] else 0) | (2 if c.exits[cid] else 0)
-            if f == flags and _same_run(c.cfg_pool, c.cfg_start[cid], buf, n):
-                return cid, h
-        h = (h + 1) & mask
-    return -1, h
+    h = _probe(keys, vals, key, _mix(key))
+    while vals[h] != -1 and not _is_config(c, vals[h], buf, n, flags):
+        h = _probe(keys, vals, key, h + 1)
+    return vals[h], h
+
+
+@njit(cache=True, nogil=True)
+def _is_config(c, cid, buf, n, flags):  # pragma: no cover
+    """Whether configuration ``cid`` has kernel buf[:n] and ``flags``."""
+    if c.cfg_len[cid] != n or ((1 if c.accepting[cid] else 0) | (2 if c.exits[cid] else 0)) != flags:
+        return False
+    return _same_run(c.cfg_pool, c.cfg_start[cid], buf, n)
 
 
 # ---------------------------------------------------------------------------------- closures
