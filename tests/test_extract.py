@@ -174,7 +174,7 @@ def test_failures_are_result_lines_with_clear_messages(tmp_path):
         assert dates[0].ok and dates[0].value == dates[0].text and len(dates[0].value) == 4
 
 
-def test_ray_path_gives_the_local_runners_outputs(job, tmp_path):
+def test_ray_path_gives_the_local_runners_outputs(job, tmp_path, monkeypatch):
     ray = require_optional("ray")  # in the dev extra: CI installs it
     from engine import Engine
     from engine.extract.job import JobConfig, RayOptions, run_job
@@ -193,8 +193,10 @@ def test_ray_path_gives_the_local_runners_outputs(job, tmp_path):
     output.write_text("".join(json.dumps(v) + "\n" for v in expected.values() if v["line"] <= 5), encoding="utf-8")
     spec = ExtractSpec({"json_schema": SCHEMA}, TEMPLATE, chat=False, sampling={"max_new_tokens": 24, "temperature": 0.0})
     engine_options = {"dtype": "float32", "max_total_tokens": 12000}
-    # The workers import this checkout, whatever the installed package points at.
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    # The workers import this checkout, whatever the installed package points at: they inherit
+    # the driver's environment (a runtime_env would start Ray's runtime-env machinery for them).
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    ray.init(num_cpus=2, include_dashboard=False)
     try:
         for path in _csv_and_parquet_copies(first, tmp_path):  # Ray's read task reads as the local reader does
             rows = ray.data.read_datasource(RecordsDatasource(str(path), "id", set()), num_cpus=0).take_all()
