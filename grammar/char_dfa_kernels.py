@@ -94,10 +94,12 @@ def product_kernel(ta: np.ndarray, tb: np.ndarray, op: int, max_states: int):  #
                 if num == capacity:
                     capacity *= 2
                     grown = np.empty(capacity, dtype=np.int64)
-                    grown[:num] = codes[:num]
-                    codes = grown
                     wider = np.empty((capacity, k), dtype=np.int32)
-                    wider[:num] = table[:num]
+                    for row in range(num):  # loops, not slice assignments (see determinizer._grow)
+                        grown[row] = codes[row]
+                        for col in range(k):
+                            wider[row, col] = table[row, col]
+                    codes = grown
                     table = wider
                 got = num
                 ids[code] = num
@@ -189,7 +191,8 @@ def minimize_kernel(full: np.ndarray, accepting: np.ndarray, max_rounds: int) ->
                     num_reps += 1
                 new[s] = found
             p = q
-        cls[:] = new
+        for s in range(cls.shape[0]):
+            cls[s] = new[s]
         if c == count:
             break
         count = c

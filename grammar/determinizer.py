@@ -102,10 +102,14 @@ def _mix(key):  # pragma: no cover
 # something: a fill of the whole new array would touch (page-fault) every page of it at once,
 # tens of milliseconds inside one mask for an automaton of 100k configurations.
 # One compiled version per element type (int8, int32, int64, bool): the fill is always an int64.
+# The kernels copy arrays with loops, never with slice assignments (``new[:n] = old``): numba
+# checks a slice assignment's shapes and compiles its error message's string formatting into the
+# kernel, which made the grammar kernels' cold compile 29% longer (BENCHMARKS.md, issue 25).
 @njit(cache=True, nogil=True)
 def _grow(a, need, fill):  # pragma: no cover
     new = np.empty(max(need, 2 * a.shape[0]), dtype=a.dtype)
-    new[: a.shape[0]] = a
+    for i in range(a.shape[0]):
+        new[i] = a[i]
     new[a.shape[0]:] = fill
     return new
 
@@ -115,7 +119,8 @@ def _grow_pool(a, need):  # pragma: no cover
     """A pool (runs of ids addressed by start and length) grows without a fill: only written
     cells are ever read."""
     new = np.empty(max(need, 2 * a.shape[0]), dtype=np.int32)
-    new[: a.shape[0]] = a
+    for i in range(a.shape[0]):
+        new[i] = a[i]
     return new
 
 
@@ -132,7 +137,9 @@ def _grow_table(table, n_used, max_states):  # pragma: no cover
     if cap > TABLE_RESERVE_FROM:
         cap = max(cap, min(max_states, TABLE_RESERVE_ROWS))
     new = np.empty((cap, 256), np.int32)
-    new[:n_used] = table[:n_used]
+    for r in range(n_used):
+        for j in range(256):
+            new[r, j] = table[r, j]
     return new
 
 
@@ -516,7 +523,8 @@ def closure(c, nid):  # pragma: no cover
     nk = _sort_unique(kernel, I64(nk))
     if c.clo_pool_n + nk > c.clo_pool.shape[0]:
         c.clo_pool = _grow_pool(c.clo_pool, c.clo_pool_n + nk)
-    c.clo_pool[c.clo_pool_n:c.clo_pool_n + nk] = kernel[:nk]
+    for i in range(nk):
+        c.clo_pool[c.clo_pool_n + i] = kernel[i]
     c.clo_start[nid] = c.clo_pool_n
     c.clo_len[nid] = nk
     c.clo_flags[nid] = flags
@@ -592,7 +600,8 @@ def _step(c, cfg, b):  # pragma: no cover
             if c.e_lo[e] <= b <= c.e_hi[e]:
                 if nseeds == seeds.shape[0]:
                     grown = np.empty(2 * nseeds, np.int64)
-                    grown[:nseeds] = seeds
+                    for k in range(nseeds):
+                        grown[k] = seeds[k]
                     seeds = grown
                 seeds[nseeds] = (np.int64(c.e_dst[e]) << 32) | np.int64(c.node_ps[node])
                 nseeds += 1
@@ -817,7 +826,8 @@ def _agree(c, x, y, depth, budget):  # pragma: no cover
             if ta != tb and (ta != last_a or tb != last_b):
                 if n == stack.shape[0]:
                     grown = np.empty((2 * n, 3), np.int64)
-                    grown[:n] = stack[:n]
+                    for r in range(n):
+                        grown[r, 0], grown[r, 1], grown[r, 2] = stack[r, 0], stack[r, 1], stack[r, 2]
                     stack = grown
                 stack[n, 0], stack[n, 1], stack[n, 2] = ta, tb, d - 1
                 n += 1
