@@ -104,7 +104,7 @@ def _mix(key):  # pragma: no cover
 # One compiled version per element type (int8, int32, int64, bool): the fill is always an int64.
 # The kernels copy arrays with loops, never with slice assignments (``new[:n] = old``): numba
 # checks a slice assignment's shapes and compiles its error message's string formatting into the
-# kernel, which made the grammar kernels' cold compile 29% longer (BENCHMARKS.md, issue 25).
+# kernel: it made the grammar kernels' cold compile about a quarter longer (BENCHMARKS.md, issue 25).
 @njit(cache=True, nogil=True)
 def _grow(a, need, fill):  # pragma: no cover
     new = np.empty(max(need, 2 * a.shape[0]), dtype=a.dtype)
