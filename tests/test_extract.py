@@ -195,7 +195,7 @@ def test_ray_path_gives_the_local_runners_outputs(job, tmp_path, monkeypatch):
     engine_options = {"dtype": "float32", "max_total_tokens": 12000}
     # The workers import this checkout, whatever the installed package points at: they inherit
     # the driver's environment (a runtime_env would start Ray's runtime-env machinery for them).
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
     ray.init(num_cpus=2, include_dashboard=False)
     try:
         for path in _csv_and_parquet_copies(first, tmp_path):  # Ray's read task reads as the local reader does
