@@ -27,10 +27,15 @@ threads, greedy:
 The bandwidth-bound half of the benchmark: ``--random-1b Q4_0,Q8_0`` writes a random-weight
 Llama-shaped model of about 1B parameters (22 layers, hidden 2048, GQA 32/4, the tests' 259-token
 byte vocabulary) in each type with ``gguf.quants`` (cached under ``~/.cache/formcast/bench``), and
-runs batch-1 decode and a ``--prefill-tokens`` prefill on formcast and on llama.cpp with its
-default CPU buffers (weights repacked where llama.cpp does that for the type), each in its own
-process, plus the share of the memory-bandwidth bound: file bytes per token over the bandwidth of
+runs batch-1 decode and a ``--prefill-tokens`` prefill on formcast and on llama.cpp, each in its
+own process, plus the share of the memory-bandwidth bound: file bytes per token over the bandwidth of
 a 1 GB float32 ``torch.mv`` measured in the same run.
+
+llama.cpp runs with its default CPU buffers (weights repacked where it does that for the type)
+unless the installed build has the AMX path, which crashes on some CPUs: then with plain buffers,
+a slower anchor. The report's first line says which (``llama.cpp: repacked`` or ``plain``); for a
+repacked anchor on an AMX machine, build one with ``bash bench/llama_cpp_noamx.sh`` and put the
+directory it prints first on ``PYTHONPATH``.
 
 Ratios are against llama.cpp in the same run. Not collected by pytest.
 """
@@ -139,16 +144,40 @@ def run_formcast(kind: str, args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- llama.cpp
 
 
+def llama_cpp_build() -> str:
+    """How the installed llama.cpp runs here: "repacked" (its default CPU buffers), "plain" or
+    "absent"."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return "absent"
+
+    # Builds with the AMX path segfault on some Sapphire Rapids-class CPUs (llama.cpp issue 20824,
+    # seen here on every quantized 1B file): they run with the extra buffer types off, which
+    # also turns off repacking, llama.cpp's fast Q4_0 / Q4_K path. bench/llama_cpp_noamx.sh builds
+    # one without AMX, which keeps repacking.
+    return "plain" if "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode() else "repacked"
+
+
+def _llama(path: str, **options: Any) -> Any:
+    """llama.cpp on ``path`` the fastest way this build runs safely (see :func:`llama_cpp_build`)."""
+    from llama_cpp import Llama
+
+    if llama_cpp_build() == "repacked":
+        return Llama(model_path=path, verbose=False, **options)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from conftest import llama_cpp_model
+
+    return llama_cpp_model(path, **options)
+
+
 def run_llama_cpp(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     from llama_cpp import LlamaGrammar
 
     from engine.hf.model_files import gguf_path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from conftest import llama_cpp_model  # llama.cpp's plain kernels (its AMX path crashes on some CPUs)
-
-    llm = llama_cpp_model(gguf_path(), n_ctx=2048, n_batch=512, n_threads=args.threads)
+    llm = _llama(str(gguf_path()), n_ctx=2048, n_batch=512, n_threads=args.threads)
     eos = llm.token_eos()
 
     def render(text: str) -> str:
@@ -286,7 +315,7 @@ def run_llama_cpp_file(path: str, args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     from llama_cpp import Llama
 
-    llm = Llama(model_path=path, n_ctx=2048, n_batch=512, n_threads=args.threads, verbose=False)
+    llm = _llama(path, n_ctx=2048, n_batch=512, n_threads=args.threads)
     eos = llm.token_eos()
 
     def no_eos(_ids: Any, logits: Any) -> Any:
@@ -308,7 +337,7 @@ def run_llama_cpp_file(path: str, args: argparse.Namespace) -> dict[str, Any]:
 def random_1b_report(args: argparse.Namespace) -> None:
     bandwidth = gemv_bandwidth_gbs(args.threads)
     print(f"# {machine_line()}; {args.threads} threads; random Llama-shaped ~1B models; "
-          f"float32 GEMV bandwidth {bandwidth:.1f} GB/s\n")  # fmt: skip
+          f"float32 GEMV bandwidth {bandwidth:.1f} GB/s; llama.cpp: {llama_cpp_build()}\n")  # fmt: skip
     rows = []
     for type_name in args.random_1b.split(","):
         path = random_1b_file(type_name)
@@ -364,7 +393,7 @@ def main() -> None:
         return
     results = {name: _child(name, args) for name in args.engines.split(",")}
     anchor = results.get("llama.cpp", {})
-    print(f"# {machine_line()}; {args.threads} threads; SmolLM2-135M-Instruct Q4_1 GGUF\n")
+    print(f"# {machine_line()}; {args.threads} threads; SmolLM2-135M-Instruct Q4_1 GGUF; llama.cpp: {llama_cpp_build()}\n")
     metrics = [("batch-1 decode tok/s", "decode_tps"), (f"prefill tok/s ({args.prefill_tokens} tokens)", "prefill_tps"),
                ("JSON schema batch 1 tok/s", "json_tps"), (f"{args.records}-record schema job, records/s", "records_per_s")]  # fmt: skip
     header = ["metric"] + [n for n in results] + [f"{n} / llama.cpp" for n in results if n != "llama.cpp" and anchor]
