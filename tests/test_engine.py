@@ -12,6 +12,8 @@ import pytest
 
 from engine import Engine, SamplingParams
 from engine.entrypoints.engine import PromptError
+from engine.managers.io_struct import RequestTimings
+from engine.managers.req import Req
 from engine.sampling_params import InvalidSamplingParams
 
 pytestmark = pytest.mark.slow
@@ -130,6 +132,33 @@ def test_every_finish_reason(engine):
     ctx = engine.generate(input_ids=near_context, sampling_params={**GREEDY, "max_new_tokens": 50, "ignore_eos": True}) if engine.runner.max_total_tokens > engine.context_len else None
     if ctx is not None:
         assert ctx["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+
+
+def test_timing_spans_of_a_request_in_fixed_times():
+    req = Req(rid="r", origin_input_ids=[1, 2], sampling_params=SamplingParams(), eos_token_ids=frozenset({0}), context_len=16)
+    assert req.timings() == RequestTimings(None, None, None)
+    req.arrival_time, req.grammar_ready_time = 10.0, 10.25
+    assert req.timings() == RequestTimings(grammar_wait=0.25, queue_wait=None, prefill_latency=None)
+    req.first_scheduled_time, req.first_token_time = 10.5, 11.5
+    assert req.timings() == RequestTimings(grammar_wait=0.25, queue_wait=0.25, prefill_latency=1.0)
+
+
+def test_the_last_output_says_where_the_time_to_the_first_token_went(engine):
+    chat = engine.apply_chat_template([{"role": "user", "content": "Give me a number."}])
+    spans = ("grammar_wait", "queue_wait", "prefill_latency")
+    # A pattern no other test uses: its compile is part of this request's wait.
+    out = engine.generate(input_ids=chat, sampling_params={**GREEDY, "max_new_tokens": 8, "regex": "[1-9][0-9]{0,2} apples?"})
+    meta = out["meta_info"]
+    assert all(isinstance(meta[k], float) and meta[k] >= 0 for k in spans), meta
+    # Consecutive spans inside the request's life as the caller saw it.
+    assert sum(meta[k] for k in spans) <= meta["e2e_latency"]
+    chunks = list(engine.generate(input_ids=chat, sampling_params={**GREEDY, "max_new_tokens": 4}, stream=True))
+    assert all(not set(spans) & set(c["meta_info"]) for c in chunks[:-1])
+    assert all(isinstance(chunks[-1]["meta_info"][k], float) for k in spans)
+    # Refused at compile: it waited for its grammar and never reached a batch.
+    refused = engine.generate(input_ids=chat, sampling_params={"max_new_tokens": 8, "regex": "(?<=x)y"})["meta_info"]
+    assert refused["finish_reason"]["type"] == "abort"
+    assert isinstance(refused["grammar_wait"], float) and refused["queue_wait"] is None and refused["prefill_latency"] is None
 
 
 def test_stop_string_across_token_boundaries(engine):

@@ -14,10 +14,14 @@ queues for ``async_generate``), so any number of threads and event loops may cal
 Each result is ``{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
 "completion_tokens", "cached_tokens", "jump_forward_tokens", "output_token_logprobs",
 "output_top_logprobs", "input_token_logprobs", "hidden_states", "routed_experts",
-"routed_expert_weights", "e2e_latency"}}``; logprob entries are ``(logprob, token_id, token_text)``;
+"routed_expert_weights", "e2e_latency", "grammar_wait", "queue_wait", "prefill_latency"}}``;
+logprob entries are ``(logprob, token_id, token_text)``;
 ``routed_experts`` (mixture-of-experts models, on request) holds per output token the expert ids
 each MoE layer chose, ``[moe_layer][k]``. Streaming yields chunks of the same shape whose
-``text`` and ``output_ids`` are deltas; the last one carries the finish reason.
+``text`` and ``output_ids`` are deltas; the last one carries the finish reason. A request's last
+result also says where its time to the first token went, in seconds (``RequestTimings``):
+``grammar_wait`` (its constraint compiling), ``queue_wait`` (then waiting for a batch),
+``prefill_latency`` (then its prompt's forward passes); None for a span it never reached.
 """
 
 from __future__ import annotations
@@ -501,6 +505,8 @@ class Engine:
             "jump_forward_tokens": step.forced_tokens,
             "e2e_latency": time.monotonic() - pending.start,
         }
+        if step.timings is not None:  # the last output: where the time to the first token went
+            meta.update(dataclasses.asdict(step.timings))
         if step.output_token_logprobs is not None:
             meta["output_token_logprobs"] = [(lp, t, text(t)) for lp, t in step.output_token_logprobs]
             if step.output_top_logprobs is not None:

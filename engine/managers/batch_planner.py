@@ -17,6 +17,7 @@ to the cache, they re-queue at the front and later resume with the same outputs)
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -135,6 +136,8 @@ class BatchPlanner:
                 self._unadmit(req)
                 break
             waiting.popleft()
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = time.monotonic()
             if req.retractions == 0:
                 req.cached_tokens = req.kv_len
                 self.stats["cached_tokens"] += req.kv_len

@@ -290,6 +290,7 @@ class OutputProcessor:
                 stop_strings=tuple(req.sampling_params.stop or ()),
                 no_stop_trim=req.sampling_params.no_stop_trim,
                 forced_tokens=req.forced_tokens,
+                timings=req.timings() if req.finished else None,
             )
             if req.return_logprob:
                 step.output_token_logprobs = req.output_token_logprobs[start:]

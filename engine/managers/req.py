@@ -15,12 +15,12 @@ is EOS, a stop id, or ended the grammar (``stop`` with the token); a stop string
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from ..sampling_params import STOP_REGEX_WINDOW
 from .finish_reason import FinishAbort, FinishLength, FinishMatchedStr, FinishMatchedToken, FinishReason
+from .io_struct import RequestTimings
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -68,8 +68,12 @@ class Req:
     hidden_states: list[list[float]] = field(default_factory=list)
     routed_experts: list[list[list[int]]] = field(default_factory=list)  # per output token: [moe layer][k]
     routed_expert_weights: list[list[list[float]]] = field(default_factory=list)
-    created: float = field(default_factory=time.monotonic)
-    first_token_time: float | None = None
+    # Monotonic times of the request's way to its first token (RequestTimings reports them).
+    arrival_time: float | None = None  # the scheduler took it in
+    grammar_ready_time: float | None = None  # its constraint compiled (or none to compile)
+    first_scheduled_time: float | None = None  # its first prefill rows entered a batch
+    first_token_time: float | None = None  # its first sampled token
+
     # Output tokens already handed to the detokenizer.
     sent_offset: int = 0
     reported: bool = False  # the final output (with its finish reason) went to the caller
@@ -100,6 +104,17 @@ class Req:
     @property
     def remaining_tokens(self) -> int:
         return self.max_new_tokens - len(self.output_ids)
+
+    def timings(self) -> RequestTimings:
+        """Where the time to the first token went, so far (None: that point not reached)."""
+        def span(start: float | None, end: float | None) -> float | None:
+            return None if start is None or end is None else max(end - start, 0.0)
+
+        return RequestTimings(
+            grammar_wait=span(self.arrival_time, self.grammar_ready_time),
+            queue_wait=span(self.grammar_ready_time, self.first_scheduled_time),
+            prefill_latency=span(self.first_scheduled_time, self.first_token_time),
+        )
 
     @property
     def grammar_applies(self) -> bool:

@@ -168,10 +168,12 @@ class Scheduler:
                 future.set_exception(exc)
 
     def _add(self, req: Req) -> None:
+        req.arrival_time = time.monotonic()
         req.decode = self.texts.text
         req.generator = make_generator(req.sampling_params, self.runner.device)
         future = self.grammar_backend.submit(req.sampling_params)
         if future is None:
+            req.grammar_ready_time = time.monotonic()
             # Unconstrained: the reasoning is only watched when it has a budget to enforce.
             if req.sampling_params.max_reasoning_tokens is not None:
                 req.reasoning_done = self._reasoning_closed_in_prompt(req)
@@ -179,6 +181,9 @@ class Scheduler:
             self.waiting.append(req)
         else:
             req.grammar_future = future
+            # When the compile ends, not when a step next polls it (on the compiling thread; at
+            # once if it already has).
+            future.add_done_callback(lambda _: _mark_grammar_ready(req))
             self.grammar_wait.append(req)
 
     def _abort(self, rid: str, message: str) -> None:
@@ -231,6 +236,7 @@ class Scheduler:
                 still.append(req)
                 continue
             req.grammar_future = None
+            _mark_grammar_ready(req)  # a future runs its callbacks just after it reports done
             try:
                 compiled = future.result()
                 # The count was taken at compile time; reading it here touches nothing shared.
@@ -317,3 +323,8 @@ class Scheduler:
             "kv_cached": self.tree_cache.evictable_size() + self.tree_cache.protected_size(),
             "kv_total": pool.size,
         }
+
+
+def _mark_grammar_ready(req: Req) -> None:
+    if req.grammar_ready_time is None:
+        req.grammar_ready_time = time.monotonic()
