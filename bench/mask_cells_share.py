@@ -33,7 +33,8 @@ from grammar.api import clear_cache  # noqa: E402
 from grammar.lru import ByteLRU  # noqa: E402
 
 
-def _forget_masks(compiled) -> None:  # type: ignore[no-untyped-def]
+def forget_masks(compiled) -> None:  # type: ignore[no-untyped-def]
+    """Drop every mask ``compiled`` cached (rows, truncated parts, regions); keep its automaton."""
     masks = compiled.masks
     masks._rows = ByteLRU(1 << 30, lambda row: row.nbytes + 64)
     masks._truncated = ByteLRU(1 << 28, lambda t: 64 if isinstance(t, bool) else t.bits.nbytes + t.uncertain.nbytes)
@@ -77,7 +78,7 @@ def main() -> None:
         token_lists = [tok.encode(text, add_special_tokens=False) for text in texts]
         for tokens in token_lists:
             _walk(compiled, tokens, mask, cold)
-        _forget_masks(compiled)
+        forget_masks(compiled)
         for tokens in token_lists:
             _walk(compiled, tokens, mask, warm)
     print(f"{args.sample} schemas (seed {args.seed}), {len(cold)} masks each pass\n")
