@@ -9,6 +9,7 @@ configuration's is the minimum over its stacks (0 when it accepts). This is what
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,35 +20,74 @@ if TYPE_CHECKING:
 INF = 1 << 40
 
 
+def _by_target(n: int, target, *columns) -> tuple[list[int], ...]:  # type: ignore[no-untyped-def]
+    """CSR by ``target`` (flat Python lists: [ptr, column...]); few objects for the collector."""
+    target = np.asarray(target, dtype=np.int64)
+    order = np.argsort(target, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(target, minlength=n), out=ptr[1:])
+    return (ptr.tolist(), *(np.asarray(column, dtype=np.int64)[order].tolist() for column in columns))
+
+
 def _state_distances(automaton: "LazyAutomaton") -> list[int]:
+    """``d[q]`` for every NFA state: shortest paths to the rule finals, settled in increasing
+    distance (Knuth's generalization of Dijkstra's algorithm: a call's cost is its return state's
+    distance plus its callee's, known once both are settled). Distances are integers, so the
+    queue is a bucket per distance. Each state is settled once; relaxing to a fixpoint instead
+    revisited states over and over (718 ms on one MaskBench schema of 25k states, 23 ms here)."""
     nfa = automaton.nfa
     n = nfa.num_states
     d = [INF] * n
-    for final in nfa.rule_final:
-        d[final] = 0
-    # Reverse edges (predecessor lists) make this a simple relaxation to a fixpoint.
-    preds: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]  # (pred, cost, callee or -1)
-    for q, t in zip(nfa.eps_src, nfa.eps_dst):
-        preds[t].append((q, 0, -1))
-    for q, t in zip(nfa.edge_src, nfa.edge_dst):
-        preds[t].append((q, 1, -1))
-    for q, callee, ret in zip(nfa.call_src, nfa.call_rule, nfa.call_ret):
-        preds[ret].append((q, 0, callee))
-    changed = True
-    while changed:
-        changed = False
-        todo = [q for q in range(n) if d[q] < INF]
-        while todo:
-            t = todo.pop()
-            for q, cost, callee in preds[t]:
-                extra = d[nfa.rule_start[callee]] if callee >= 0 else 0
-                cand = d[t] + cost + extra
-                if cand < d[q]:
-                    d[q] = cand
-                    todo.append(q)
-                    changed = True
-        # Callee lengths may have shrunk after their callers were relaxed: repeat until stable.
-        changed = changed and nfa.has_calls
+    rule_start = np.asarray(nfa.rule_start, dtype=np.int64)
+    call_src = np.asarray(nfa.call_src, dtype=np.int64)
+    call_ret = np.asarray(nfa.call_ret, dtype=np.int64)
+    call_start = rule_start[np.asarray(nfa.call_rule, dtype=np.int64)] if len(call_src) else call_src
+    # Into each state: its predecessors by a byte (cost 1) or an epsilon (0); into a return
+    # state: the calls that return there (caller, callee's start); from a rule's start: the calls
+    # of that rule (caller, return state).
+    n_eps = len(nfa.eps_src)
+    plain_ptr, plain_src, plain_cost = _by_target(
+        n, np.concatenate([np.asarray(nfa.eps_dst, dtype=np.int64), np.asarray(nfa.edge_dst, dtype=np.int64)]),
+        np.concatenate([np.asarray(nfa.eps_src, dtype=np.int64), np.asarray(nfa.edge_src, dtype=np.int64)]),
+        np.concatenate([np.zeros(n_eps, dtype=np.int64), np.ones(len(nfa.edge_src), dtype=np.int64)]),
+    )
+    ret_ptr, ret_caller, ret_start = _by_target(n, call_ret, call_src, call_start)
+    start_ptr, start_caller, start_ret = _by_target(n, call_start, call_src, call_ret)
+    done = [False] * n
+    buckets: dict[int, list[int]] = {}
+    pending: list[int] = []  # heap of the distances that have a bucket
+
+    def reach(q: int, dist: int) -> None:
+        if dist < d[q]:
+            d[q] = dist
+            bucket = buckets.get(dist)
+            if bucket is None:
+                buckets[dist] = [q]
+                heapq.heappush(pending, dist)
+            else:
+                bucket.append(q)  # the bucket being settled too: zero-cost edges
+
+    for final in np.asarray(nfa.rule_final, dtype=np.int64).tolist():
+        reach(final, 0)
+    while pending:
+        dist = heapq.heappop(pending)
+        bucket = buckets[dist]
+        k = 0
+        while k < len(bucket):
+            t = bucket[k]
+            k += 1
+            if done[t] or d[t] != dist:
+                continue
+            done[t] = True
+            for j in range(plain_ptr[t], plain_ptr[t + 1]):
+                reach(plain_src[j], dist + plain_cost[j])
+            for j in range(ret_ptr[t], ret_ptr[t + 1]):
+                if done[ret_start[j]]:
+                    reach(ret_caller[j], dist + d[ret_start[j]])
+            for j in range(start_ptr[t], start_ptr[t + 1]):
+                if done[start_ret[j]]:
+                    reach(start_caller[j], d[start_ret[j]] + dist)
+        del buckets[dist]
     return d
 
 
