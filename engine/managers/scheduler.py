@@ -181,10 +181,15 @@ class Scheduler:
             self.waiting.append(req)
         else:
             req.grammar_future = future
-            # When the compile ends, not when a step next polls it (on the compiling thread; at
-            # once if it already has).
-            future.add_done_callback(lambda _: _mark_grammar_ready(req))
+            # When the compile ends (on the compiling thread; at once if it already has): note
+            # the time and wake an idle scheduler, which would otherwise notice at its next
+            # 5 ms poll.
+            future.add_done_callback(lambda _: self._grammar_ready(req))
             self.grammar_wait.append(req)
+
+    def _grammar_ready(self, req: Req) -> None:
+        _mark_grammar_ready(req)
+        self.inbox.put(None)
 
     def _abort(self, rid: str, message: str) -> None:
         for group in (self.waiting, self.grammar_wait):
