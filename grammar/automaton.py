@@ -27,6 +27,7 @@ they need; whoever reads a whole row calls :meth:`LazyAutomaton.expand` first.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -191,11 +192,20 @@ class LazyAutomaton:
     # ------------------------------------------------------------------ introspection
     def frame(self, nid: int) -> tuple[int, tuple[int, ...]]:
         """(NFA state, parent node ids and bottom markers) of stack node ``nid``."""
+        return self.frame_reader()(nid)
+
+    def frame_reader(self) -> Callable[[int], tuple[int, tuple[int, ...]]]:
+        """``frame`` over one read of the core's arrays, for many nodes in a row (reading them
+        costs a compiled call, several µs; a reader is stale once the automaton grows)."""
         views = self._views()
         node_q, node_ps, ps_start, ps_len, ps_pool = views[4], views[5], views[8], views[9], views[10]
-        ps = node_ps[nid]
-        start = ps_start[ps]
-        return int(node_q[nid]), tuple(ps_pool[start : start + ps_len[ps]].tolist())
+
+        def frame(nid: int) -> tuple[int, tuple[int, ...]]:
+            ps = node_ps[nid]
+            start = ps_start[ps]
+            return int(node_q[nid]), tuple(ps_pool[start : start + ps_len[ps]].tolist())
+
+        return frame
 
     def config_size(self, state: int) -> int:
         """How many stack nodes configuration ``state`` holds."""

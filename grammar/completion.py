@@ -106,7 +106,7 @@ class CompletionDistance:
         memo = self._stack_dist
         if nid in memo:
             return memo[nid]
-        frame = self.automaton.frame
+        frame = self.automaton.frame_reader()
         todo, seen = [nid], {nid}
         while todo:
             for p in frame(todo.pop())[1]:
