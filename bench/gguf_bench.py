@@ -91,6 +91,16 @@ def _record_prompt(name: str) -> str:
 
 
 def _peak_rss_mb() -> float:
+    """This process's peak resident memory. Linux's ``ru_maxrss`` survives ``exec``, so a child
+    started by a parent that had written the 1B files reported the parent's gigabytes; the
+    address space's own high-water mark (``VmHWM``) starts afresh with the new program."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
