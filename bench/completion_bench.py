@@ -13,10 +13,7 @@ request's output budget (the shortest output in tokens) and budget-aware masks.
 from __future__ import annotations
 
 import argparse
-import gzip
 import importlib.util
-import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -28,7 +25,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 import grammar  # noqa: E402
 import maskbench  # noqa: E402
 from grammar import completion  # noqa: E402
-from grammar.api import clear_cache  # noqa: E402
 
 
 def main() -> None:
@@ -45,17 +41,11 @@ def main() -> None:
         spec.loader.exec_module(module)  # type: ignore[union-attr]
         versions = {"reference": module._state_distances, **versions}
     vocab = grammar.TokenVocabulary.from_tokenizer(maskbench.load_tokenizer("smollm2"))
-    records = [json.loads(line) for line in gzip.open(args.input, "rt")]
-    random.Random(args.seed).shuffle(records)
+    records = maskbench.load_records(args.input, 0, None, args.sample, args.seed)
     totals = dict.fromkeys(versions, 0.0)
     slowest: list[tuple[float, str, int, dict[str, float]]] = []
     compiled_count = 0
-    for record in records[: args.sample]:
-        clear_cache(keep_setup=True)
-        try:
-            compiled = grammar.compile_json_schema(record["schema"], vocab)
-        except grammar.GrammarError:
-            continue
+    for record, compiled in maskbench.compiled_schemas(records, vocab):
         compiled_count += 1
         times, results = {}, []
         for name, fn in versions.items():

@@ -14,9 +14,7 @@ Qwen2 vocabulary, formcast only (a split of formcast's own time; no anchor appli
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -29,7 +27,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import grammar  # noqa: E402
 import maskbench  # noqa: E402
-from grammar.api import clear_cache  # noqa: E402
 from grammar.lru import ByteLRU  # noqa: E402
 
 
@@ -63,17 +60,11 @@ def main() -> None:
     args = ap.parse_args()
     tok = maskbench.load_tokenizer("qwen2")
     vocab = grammar.TokenVocabulary.from_tokenizer(tok)
-    records = [json.loads(line) for line in gzip.open(args.input, "rt")]
-    random.Random(args.seed).shuffle(records)
+    records = maskbench.load_records(args.input, 0, None, args.sample, args.seed)
     mask = np.zeros((1, (vocab.vocab_size + 31) // 32), np.int32)
     cold: list[float] = []
     warm: list[float] = []
-    for record in records[: args.sample]:
-        clear_cache(keep_setup=True)
-        try:
-            compiled = grammar.compile_json_schema(record["schema"], vocab)
-        except grammar.GrammarError:
-            continue
+    for record, compiled in maskbench.compiled_schemas(records, vocab):
         texts = [json.dumps(t["data"], ensure_ascii=False) for t in record["tests"] if t["valid"]][: args.instances]
         token_lists = [tok.encode(text, add_special_tokens=False) for text in texts]
         for tokens in token_lists:
