@@ -34,7 +34,8 @@ def _state_distances(automaton: "LazyAutomaton") -> list[int]:
     distance (Knuth's generalization of Dijkstra's algorithm: a call's cost is its return state's
     distance plus its callee's, known once both are settled). Distances are integers, so the
     queue is a bucket per distance. Each state is settled once; relaxing to a fixpoint instead
-    revisited states over and over (718 ms on one MaskBench schema of 25k states, 23 ms here)."""
+    revisited states over and over (923 ms on one MaskBench schema of 39k states, 37 ms here;
+    bench/completion_bench.py)."""
     nfa = automaton.nfa
     n = nfa.num_states
     d = [INF] * n

@@ -18,10 +18,10 @@ from .finish_reason import FinishReason
 @dataclass(frozen=True)
 class RequestTimings:
     """Seconds from a request's arrival at the scheduler to its first sampled token, in three
-    consecutive spans (None: not reached). ``grammar_wait``: its constraint compiling (a few µs when cached or unconstrained);
-    ``queue_wait``: then waiting for room in a batch; ``prefill_latency``: from its first prompt
-    rows in a batch to its first sampled token (every chunk of a long prompt, and the rows of
-    other requests those steps carried)."""
+    consecutive spans (None: not reached). ``grammar_wait``: its constraint compiling (a few µs
+    when cached or unconstrained); ``queue_wait``: then waiting for room in a batch;
+    ``prefill_latency``: from its first prompt rows in a batch to its first sampled token (every
+    chunk of a long prompt, and the rows of other requests those steps carried)."""
 
     grammar_wait: float | None = None
     queue_wait: float | None = None
