@@ -247,6 +247,17 @@ def repeat_walk(engine: Engine, kind: str, source: str, tokens: Sequence[int], r
     return pooled
 
 
+def best_us(call: Callable[[], Any], calls: int) -> float:
+    """The fastest of ``calls`` calls, in µs, after one untimed call (compiles, caches)."""
+    call()
+    best = float("inf")
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e6
+
+
 def pct(samples: Iterable[float], q: float) -> float:
     arr = np.fromiter(samples, dtype=float)
     return float(np.percentile(arr, q)) if arr.size else float("nan")

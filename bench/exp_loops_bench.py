@@ -18,14 +18,15 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import best_us  # noqa: E402
 from numba import njit  # noqa: E402
 
 from engine.layers import cpu_decode_attention, row_ops  # noqa: E402
@@ -40,16 +41,6 @@ def _swiglu_expf(gate_up, out):  # pragma: no cover - compiled
         for j in range(inner):
             g = gate_up[r, j]
             out[r, j] = (g / (np.float32(1.0) + np.float32(math.exp(-g)))) * gate_up[r, inner + j]
-
-
-def best_us(call, calls: int) -> float:
-    call()  # compiles
-    best = float("inf")
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e6
 
 
 def main() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ sys.path.append(str(ROOT / "bench"))
 
 import grammar  # noqa: E402
 import maskbench  # noqa: E402
-from common import machine_line, markdown_table, ratio  # noqa: E402
+from common import best_us, machine_line, markdown_table, ratio  # noqa: E402
 from grammar.token_walk import walk_trie  # noqa: E402
 
 # (regex, bytes before the measured position): a JSON string's body (most of the vocabulary), a
@@ -37,15 +36,6 @@ CASES = [
     ('(\\{"a": ?[0-9]+\\}|[a-zA-Z0-9_ ,.]+)*', b""),
     ("[0-9]{1,5}(\\.[0-9]+)?", b""),
 ]
-
-
-def _best(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best * 1e6
 
 
 def main() -> None:
@@ -66,15 +56,14 @@ def main() -> None:
         automaton, trie = compiled.automaton, compiled.masks.trie
         state = automaton.step_bytes(automaton.initial_state, prefix)
         allowed = int(np.unpackbits(walk_trie(trie, automaton, state).bits.view(np.uint8)).sum())  # computes the cells
-        ours = _best(lambda: walk_trie(trie, automaton, state), args.repeat)
+        ours = best_us(lambda: walk_trie(trie, automaton, state), args.repeat)
         spec = llguidance.LLMatcher.grammar_from_regex(pattern)
         matchers = []  # a fresh matcher per call: a matcher keeps the mask of its position
-        for _ in range(args.repeat + 1):
+        for _ in range(args.repeat + 1):  # the untimed first fill computes its lexer states, as ours are
             matchers.append(llguidance.LLMatcher(ll_tok, spec, log_level=0))
             if prefix:
                 matchers[-1].consume_tokens(tok.encode(prefix.decode(), add_special_tokens=False))
-        llguidance.numpy.fill_next_token_bitmask(matchers.pop(), mask, 0)  # its lexer states, as ours are computed
-        theirs = _best(lambda: llguidance.numpy.fill_next_token_bitmask(matchers.pop(), mask, 0), args.repeat)
+        theirs = best_us(lambda: llguidance.numpy.fill_next_token_bitmask(matchers.pop(), mask, 0), args.repeat)
         rows.append([f"`{pattern}` after {prefix!r}", str(allowed), f"{ours:.0f}", f"{theirs:.0f}", ratio(ours, theirs)])
     print(f"# {machine_line()}; Qwen2 vocabulary, {len(trie.words):,} trie nodes; best of {args.repeat}\n")
     print(markdown_table(["position", "allowed tokens", "formcast walk µs", "llguidance mask µs", "formcast / llguidance"], rows))
