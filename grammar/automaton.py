@@ -161,6 +161,13 @@ class LazyAutomaton:
         with self.lock:
             return self.check_status(self._det.truncate(self.core, int(state), keep))
 
+    def truncate_over(self, state: int, parent: int) -> int:
+        """``state`` with the stacks of the nodes whose one parent is stack node ``parent`` cut
+        to two frames, every other stack to one, over a HOLE (a counted chain's top frames, see
+        ``token_masks``)."""
+        with self.lock:
+            return self.check_status(self._det.truncate_over(self.core, int(state), int(parent)))
+
     def split(self, state: int) -> np.ndarray:
         """One configuration per stack node of ``state`` (int32): their languages unite into
         ``state``'s, so its mask is the union of theirs, and a node met in many configurations

@@ -778,6 +778,27 @@ def truncate(c, cfg, keep):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
+def truncate_over(c, cfg, parent):  # pragma: no cover
+    """``cfg`` with the stacks of its nodes whose one parent is node ``parent`` cut to two frames
+    and every other stack to one, over a HOLE (flags cleared): the top frames of a counted
+    chain's state with its place in the chain kept, the same under every caller."""
+    start, n = c.cfg_start[cfg], c.cfg_len[cfg]
+    kernel = np.empty(max(n, 1), np.int32)
+    for i in range(n):
+        nid = c.cfg_pool[start + i]
+        ps = c.node_ps[nid]
+        keep = 2 if c.ps_len[ps] == 1 and c.ps_pool[c.ps_start[ps]] == parent else 1
+        m = _truncated_node(c, I64(nid), I64(keep))
+        if m < 0:
+            return m
+        kernel[i] = m
+    nk = _sort_unique(kernel, I64(n))
+    if nk == 0:
+        return intern_config(c, kernel, I64(0), I64(0))
+    return _config_of_kernel(c, kernel, I64(nk), I64(0))
+
+
+@njit(cache=True, nogil=True)
 def split_config(c, cfg):  # pragma: no cover
     """One configuration per kernel node of ``cfg`` (flags cleared): the parts whose languages
     unite into ``cfg``'s, each shareable with every configuration that holds the same node."""

@@ -29,7 +29,7 @@ import numpy as np
 from . import kernel_tier
 from .caches import CACHES
 from .lru import ByteLRU
-from .regions import Region, RegionSplit, find_region, region_mask, split_region
+from .regions import Chain, Region, RegionSplit, chain_mask, extend_chain, find_chain, find_region, region_mask, split_region
 from .token_trie import TokenTrie
 from .token_walk import (
     ALLOWED, DEAD_AFTER_EXITS, add_duplicates, check_tokens, range_positions, set_token_bits, walk_trie,
@@ -60,6 +60,11 @@ MAX_SIBLING_WALK_SHARE = 0.05
 SIBLING_AGREE_DEPTH = 6
 # Region splits kept per vocabulary (a split is one packed row plus its leaving tokens).
 SHARED_SPLIT_BYTES = 64 << 20
+# A counted chain's state (a string under maxLength) takes its mask from the free string's split
+# when the run of copies proved from it (at most CHAIN_RUN states ahead) leaves at most
+# MAX_CHAIN_CHECKS tokens longer than it to check one by one (Qwen2: 240 tokens over 32 bytes).
+CHAIN_RUN = 32
+MAX_CHAIN_CHECKS = 2000
 
 
 class VocabularyMasks:
@@ -69,9 +74,32 @@ class VocabularyMasks:
         self.vocab = vocab
         self.trie = trie
         self.splits: ByteLRU[RegionSplit] = ByteLRU(split_bytes, lambda s: s.nbytes + 64)
+        self._longer: dict[int, np.ndarray] = {}
+        self._min_chain_run: dict[tuple[int, int], int] = {}
 
     def split_for(self, region: Region) -> RegionSplit:
         return self.splits.get_or_compute(region.shape_key, lambda: split_region(self.trie, region))
+
+    @property
+    def min_chain_run(self) -> int:
+        """The shortest run of chain copies that leaves at most MAX_CHAIN_CHECKS tokens longer than
+        it to check one by one (CHAIN_RUN + 1, never reached, when even CHAIN_RUN leaves more)."""
+        key = (CHAIN_RUN, MAX_CHAIN_CHECKS)
+        found = self._min_chain_run.get(key)
+        if found is None:
+            lengths = np.sort(self.trie.sorted_len)
+            longer = len(lengths) - np.searchsorted(lengths, np.arange(1, CHAIN_RUN + 1), side="right")
+            fits = np.flatnonzero(longer <= MAX_CHAIN_CHECKS)
+            found = self._min_chain_run[key] = int(fits[0]) + 1 if len(fits) else CHAIN_RUN + 1
+        return found
+
+    def longer_than(self, length: int) -> np.ndarray:
+        """Sorted positions (int32) of the tokens of more than ``length`` bytes."""
+        found = self._longer.get(length)
+        if found is None:
+            lengths = self.trie.sorted_len
+            found = self._longer[length] = np.flatnonzero(lengths > length).astype(np.int32)
+        return found
 
 
 _VOCABULARIES: dict[str, VocabularyMasks] = CACHES.table("vocabulary_masks", setup=True)
@@ -113,13 +141,15 @@ def _warm_up(shared: VocabularyMasks) -> None:
 
 
 def warm_up_nfa():  # -> ByteNFA
-    """The tiny grammar every warm-up runs: strings nested in brackets (recursive, with a string
-    region), so each mask route and each determinizer kernel is reached."""
+    """The tiny grammar every warm-up runs: strings, free or of at most 40 characters (a
+    counted chain), nested in brackets (recursive, with a string region), so each mask route and
+    each determinizer kernel is reached."""
     from . import ir
     from .fsm import build_nfa
 
-    text = ir.star(ir.char_class([(0x20, 0x21), (0x23, 0x10FFFF)]))
-    return build_nfa(ir.Grammar({"root": ir.choice(ir.seq(ir.literal('"'), text, ir.literal('"')),
+    char = ir.char_class([(0x20, 0x21), (0x23, 0x10FFFF)])
+    return build_nfa(ir.Grammar({"root": ir.choice(ir.seq(ir.literal('"'), ir.star(char), ir.literal('"')),
+                                                   ir.seq(ir.literal("("), ir.repeat(char, 0, 40), ir.literal(")")),
                                                    ir.seq(ir.literal("["), ir.Ref("root"), ir.literal("]")))}))
 
 
@@ -130,7 +160,7 @@ def warm_up_masks(shared: VocabularyMasks) -> None:
     nfa = warm_up_nfa()
     automaton = LazyAutomaton(nfa)
     masks = GrammarMasks(automaton, shared, recursive=nfa.recursive, nested=True, cache_bytes=1 << 20)
-    for prefix in (b"", b'"', b"[[[[[", b'[[[[["'):
+    for prefix in (b"", b'"', b"[[[[[", b'[[[[["', b"[(", b"[(a"):
         state = automaton.step_bytes(automaton.initial_state, prefix)
         masks.compute(state)
     masks.allowed_with_end_states(automaton.initial_state)
@@ -162,6 +192,12 @@ class GrammarMasks:
             max(cache_bytes // 4, 1 << 20), lambda t: 64 if isinstance(t, bool) else t.bits.nbytes + t.uncertain.nbytes
         )
         self._regions: dict[int, Region | None] = {}
+        self._chains: dict[int, tuple[Chain, int] | None] = {}  # state -> (its chain, index in the run)
+        self._chain_lock = threading.Lock()  # serializes extending runs (taken before the automaton's)
+        self._chain_tops_seen: set[tuple[int, int, tuple[bytes, int]]] = set()
+        self._chain_tops: ByteLRU[TruncatedMask | bool] = ByteLRU(
+            max(cache_bytes // 4, 1 << 20), lambda t: 64 if isinstance(t, bool) else t.bits.nbytes + t.uncertain.nbytes
+        )
         self._lock = threading.Lock()  # guards the region cache and the truncation statistics
         self.routes: Counter[str] = Counter()  # how many rows each route computed (tests, profiles)
         self._truncation_useful = True
@@ -188,6 +224,10 @@ class GrammarMasks:
             if split.worth_it:
                 bits, route = region_mask(self.trie, self.automaton, region, split)[0], "region"
         else:
+            bits = self._chain_mask(state)
+            if bits is not None:
+                route = "chain"
+        if bits is None and region is None:
             # Truncation first: its parts are shared by every stack a node occurs under; the
             # sibling's mask is the real state's own (a key prefix under ten object positions
             # would otherwise recompute the free key's mask ten times).
@@ -211,6 +251,81 @@ class GrammarMasks:
         with self._lock:
             self._regions[state] = region
         return region
+
+    # ------------------------------------------------------------------ counted chains
+    def chain_of(self, state: int) -> tuple[Chain, int] | None:
+        """(the counted chain ``state`` is in, its index in the chain's run), or None."""
+        with self._lock:
+            if state in self._chains:
+                return self._chains[state]
+        with self._chain_lock:
+            chain = find_chain(self.automaton, state, self.shared.min_chain_run, CHAIN_RUN)
+            with self._lock:
+                if chain is not None:
+                    for k, s in enumerate(chain.states):
+                        self._chains.setdefault(s, (chain, k))
+                return self._chains.setdefault(state, None)
+
+    def _chain_mask(self, state: int) -> np.ndarray | None:
+        """The mask of a counted chain's state from the free string's split (see
+        ``regions.chain_mask``), or None when ``state`` is in no chain, the split does not pay
+        or too few copies of it lie ahead.
+
+        A string inside every element of an array or object meets the same top frames (the
+        character's and its place in the chain) under each element's stack: from the second
+        such state on, the leaving and long tokens are checked on those top frames once (over
+        a hole, as truncated masks are) and only the tokens that reach the hole (that close the
+        string) against each real stack."""
+        found = self.chain_of(state)
+        if found is None:
+            return None
+        chain, index = found
+        with self._chain_lock:
+            missing = index + CHAIN_RUN - len(chain.states)
+            if missing > 0 and not chain.ended:
+                start = len(chain.states)
+                new = extend_chain(self.automaton, chain, missing)
+                with self._lock:
+                    for k, s in enumerate(new, start=start):
+                        self._chains.setdefault(s, (chain, k))
+            run = min(len(chain.states) - index, CHAIN_RUN)
+            parent = chain.parents[index]
+        if run < self.shared.min_chain_run:
+            return None
+        split = self.shared.split_for(chain.region)
+        if not split.worth_it:
+            return None
+        longer = self.shared.longer_than(run)
+        automaton = self.automaton
+        if self.nested and parent >= 0 and automaton.max_depth(state) > 2:
+            # (The shape too: states of two chains may share their top frames and still differ
+            # below them, on bytes that pop under the frames: dead under one stack, leaving
+            # under the other.)
+            key = (automaton.truncate_over(state, parent), run, chain.shape)
+            entry = self._chain_tops.get(key)
+            if entry is None:
+                with self._lock:
+                    again = key in self._chain_tops_seen
+                    self._chain_tops_seen.add(key)
+                if again:
+                    bits, uncertain = chain_mask(self.trie, automaton, key[0], split, longer, mode=DEAD_AFTER_EXITS)
+                    useful = len(uncertain) <= MAX_UNCERTAIN_SHARE * self.trie.num_tokens
+                    entry = self._chain_tops.put(key, TruncatedMask(bits, uncertain) if useful else False)
+            if entry:
+                self.routes["chain top"] += 1
+                return self._with_uncertain(state, entry)
+        return chain_mask(self.trie, automaton, state, split, longer)[0]
+
+    def _with_uncertain(self, state: int, entry: TruncatedMask) -> np.ndarray:
+        """A truncated configuration's shared mask completed for the real ``state``: its
+        uncertain tokens checked against the real stack."""
+        bits = entry.bits.copy()
+        if len(entry.uncertain):
+            starts = np.full(len(entry.uncertain), state, dtype=np.int32)
+            outcome, _ = check_tokens(self.trie, self.automaton, entry.uncertain, starts)
+            kernel_tier.pick(set_token_bits)(bits, self.trie.sorted_ids[entry.uncertain[outcome == ALLOWED]])
+            add_duplicates(self.trie, bits)
+        return bits
 
     # ------------------------------------------------------------------ sibling states
     def _sibling_of(self, state: int) -> tuple[int, np.ndarray] | None:
@@ -285,13 +400,7 @@ class GrammarMasks:
             self._count_truncation(False)
             return None
         self._count_truncation(True)
-        bits = entry.bits.copy()
-        if len(entry.uncertain):
-            starts = np.full(len(entry.uncertain), state, dtype=np.int32)
-            outcome, _ = check_tokens(self.trie, automaton, entry.uncertain, starts)
-            kernel_tier.pick(set_token_bits)(bits, self.trie.sorted_ids[entry.uncertain[outcome == ALLOWED]])
-            add_duplicates(self.trie, bits)
-        return bits
+        return self._with_uncertain(state, entry)
 
     def _shared_top(self, top: int, *, split: bool = True) -> TruncatedMask | bool:
         """The shared mask of a truncated configuration: the union of its nodes' parts when it

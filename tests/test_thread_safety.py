@@ -150,6 +150,6 @@ def test_mask_kernels_release_the_gil():
                token_walk._copy_duplicates, determinizer.expand_row, determinizer.step_bytes, determinizer.truncate,
                determinizer.split_config, determinizer.differing_bytes, determinizer.sibling_of,
                determinizer.live_bytes, determinizer.config_depth, determinizer.config_size,
-               regions._find_region_kernel]
+               regions._find_region_kernel, regions._chain_next_kernel, regions._chain_region_kernel, regions._extend_chain_kernel]
     for kernel in kernels:
         assert kernel.targetoptions.get("nogil") is True, kernel.py_func.__name__
