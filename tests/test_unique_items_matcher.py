@@ -181,3 +181,16 @@ def test_duplicates_allowed_by_another_branch_and_the_mark_byte_never_allowed():
     assert m.accept_token(ord("]")) and m.can_terminate()
     m = GrammarMatcher(compiled)
     assert m.accept_bytes(b"[1,2,") and tid("1]") not in allowed(m) and m.accept_bytes(b"3]") and m.can_terminate()
+
+
+def test_tokens_inside_object_items_ban_what_simulation_bans(compiled):
+    """Inside an object (or deeper) that is an item of a unique array, only tokens closing the
+    containers up to that item can complete it: ``banned`` simulates only those, and still bans
+    exactly what a matcher refuses."""
+    _assert_bans_match_simulation(compiled, [b'{"tags":[{"k":1},{"k":', b'{"tags":[{"k":1},{"k":1', b'{"tags":[{"k":"a"},{"k":"',
+                                             b'{"tags":[{"k":"a"},{"k":"a', b'{"tags":[{"k":{"k":1}},{"k":{"k":1',
+                                             b'{"tags":[{"k":[1]},{"k":['])
+    m = GrammarMatcher(compiled)
+    assert m.accept_bytes(b'{"tags":[{"k":1},{"k":')
+    ok = allowed(m)
+    assert tid("1}") not in ok and tid("1},") not in ok and tid("1}]") not in ok and ord("1") in ok

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from .unique_tokens import byte_index, closing_index, closing_more, reserved_tokens
+from .unique_tokens import byte_index, closer_counts, closing_index, closing_more, reserved_tokens
 from .unique_values import equality_keys
 
 if TYPE_CHECKING:
@@ -129,6 +129,7 @@ class UniqueItemsCheck:
     # -- TextCheck
     def prepare(self, token_bytes: list[bytes]) -> None:
         byte_index(token_bytes)
+        closer_counts(token_bytes)
         closing_index(token_bytes)
         closing_more(token_bytes)
         reserved_tokens(token_bytes)
@@ -172,6 +173,9 @@ class UniqueItemsCheck:
                     mask |= closing_more(token_bytes)[allowed] & has[b][allowed]
                     continue
                 mask |= has[b][allowed]
+            closes = _closes_needed(state)
+            if closes:
+                mask &= closer_counts(token_bytes)[allowed] >= closes
             candidates = allowed[mask]
         out = []
         for t in candidates.tolist():
@@ -188,6 +192,15 @@ def _members(ids: np.ndarray, allowed: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     at = np.minimum(np.searchsorted(allowed, ids), len(allowed) - 1)
     return ids[allowed[at] == ids].astype(np.int64)
+
+
+def _closes_needed(state: ScanState) -> int:
+    """How many containers a token must close before an item of a unique array with items can
+    complete: those open inside the innermost such array (an object item: 1)."""
+    for depth, f in enumerate(reversed(state.frames)):
+        if f.array and f.unique and f.seen:
+            return depth
+    return 0
 
 
 def _enders(mode: int) -> bytes:

@@ -6,6 +6,7 @@ for looking up which tokens, read inside a string item, would close it with a gi
 the tokens are simulated). ``closing_more``: tokens that, read inside a string, could complete
 more than that string (another quote or a closing bracket after the first quote).
 ``reserved_tokens``: the tokens holding the duplicate mark's byte, never allowed.
+``closer_counts``: how many closing brackets each token holds.
 """
 
 from __future__ import annotations
@@ -87,6 +88,22 @@ def closing_more(token_bytes: list[bytes]) -> np.ndarray:
     with _INDEX_LOCK:
         _MORE[id(token_bytes)] = (token_bytes, index)
     return index
+
+
+_CLOSERS: dict[int, tuple[list[bytes], np.ndarray]] = CACHES.table("unique_closer_counts", setup=True)
+
+
+def closer_counts(token_bytes: list[bytes]) -> np.ndarray:
+    """int per token: how many ``]`` and ``}`` bytes it holds (once per vocabulary). A token read
+    k containers inside a unique array's item completes that item only if it closes them."""
+    with _INDEX_LOCK:
+        hit = _CLOSERS.get(id(token_bytes))
+        if hit is not None and hit[0] is token_bytes:
+            return hit[1]
+    counts = np.fromiter((t.count(b"]") + t.count(b"}") for t in token_bytes), dtype=np.int32, count=len(token_bytes))
+    with _INDEX_LOCK:
+        _CLOSERS[id(token_bytes)] = (token_bytes, counts)
+    return counts
 
 
 _RESERVED: dict[int, tuple[list[bytes], np.ndarray]] = {}
