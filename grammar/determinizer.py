@@ -94,7 +94,14 @@ def _hash_run(pool, n, salt):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def _mix(key):  # pragma: no cover
-    h = np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)
+    """A map slot for ``key``: every bit of the key reaches the low bits the maps mask (a plain
+    multiply carries only upward: a node's key (NFA state << 32 | parent set) then hashed by its
+    parent set alone, and the nodes over one parent set (a key under seventy properties) probed
+    through one cluster)."""
+    h = np.uint64(key)
+    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    h = h ^ (h >> np.uint64(31))
     return np.int64(h >> np.uint64(1))
 
 
