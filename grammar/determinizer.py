@@ -164,15 +164,6 @@ def _sort_unique(buf, n):  # pragma: no cover
     return k
 
 
-@njit(cache=True, nogil=True)
-def _push(buf, n, x):  # pragma: no cover
-    """Append x to buf[:n], growing it; returns the (possibly new) buffer."""
-    if n == buf.shape[0]:
-        buf = _grow(buf, n + 1, I64(0))
-    buf[n] = x
-    return buf
-
-
 # ---------------------------------------------------------------------------------- construction
 
 
@@ -262,15 +253,12 @@ def _move_entries(keys, vals, old_keys, old_vals, moved, count):  # pragma: no c
 
 
 @njit(cache=True, nogil=True)
-def _store(keys, vals, h, key, val, old_keys, old_vals, moved):  # pragma: no cover
-    """Insert (key, val) at the free slot h, then one step of a move under way: (old keys, old
-    values, moved), the old table dropped at the end of its move."""
-    keys[h] = key
-    vals[h] = val
-    if old_vals.shape[0] > 1:
-        moved = _move_entries(keys, vals, old_keys, old_vals, moved, I64(_MOVE_PER_INSERT))
-        if moved == old_vals.shape[0]:
-            return np.zeros(1, np.int64), np.full(1, -1, np.int32), I64(0)
+def _move_on(keys, vals, old_keys, old_vals, moved):  # pragma: no cover
+    """After an insert into (keys, vals) while a move is under way: one step of it; returns (old
+    keys, old values, moved), the old table dropped at the end of its move."""
+    moved = _move_entries(keys, vals, old_keys, old_vals, moved, I64(_MOVE_PER_INSERT))
+    if moved == old_vals.shape[0]:
+        return np.zeros(1, np.int64), np.full(1, -1, np.int32), I64(0)
     return old_keys, old_vals, moved
 
 
@@ -308,11 +296,12 @@ def _find_node(keys, vals, key):  # pragma: no cover
 @njit(cache=True, nogil=True)
 def intern_node(c, q, ps):  # pragma: no cover
     """Id of stack node (NFA state q, parent set ps); ERR_DEPTH past the depth budget."""
-    c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _make_room(
-        c.nmap_keys, c.nmap_vals, c.nmap_n, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved)
+    if 2 * (c.nmap_n + 1) > c.nmap_keys.shape[0]:  # (the call reassigns five arrays: only when due)
+        c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _make_room(
+            c.nmap_keys, c.nmap_vals, c.nmap_n, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved)
     key = (np.int64(q) << 32) | np.int64(ps)
     found, h = _find_node(c.nmap_keys, c.nmap_vals, key)
-    if found < 0:  # a table still being moved (else a one-slot placeholder: a miss)
+    if found < 0 and c.nmap_old_vals.shape[0] > 1:  # a table still being moved
         found = _find_node(c.nmap_old_keys, c.nmap_old_vals, key)[0]
     if found >= 0:
         return found
@@ -332,8 +321,11 @@ def intern_node(c, q, ps):  # pragma: no cover
     c.node_ps[nid] = ps
     c.node_depth[nid] = depth
     c.n_nodes = nid + 1
-    c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _store(
-        c.nmap_keys, c.nmap_vals, h, key, nid, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved)
+    c.nmap_keys[h] = key
+    c.nmap_vals[h] = nid
+    if c.nmap_old_vals.shape[0] > 1:
+        c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _move_on(
+            c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved)
     c.nmap_n += 1
     return nid
 
@@ -360,11 +352,12 @@ def _find_run(keys, vals, key, pool, starts, lens, buf, n):  # pragma: no cover
 @njit(cache=True, nogil=True)
 def intern_parents(c, buf, n):  # pragma: no cover
     """Id of the parent set buf[:n] (sorted, distinct)."""
-    c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _make_room(
-        c.psmap_keys, c.psmap_vals, c.psmap_n, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved)
+    if 2 * (c.psmap_n + 1) > c.psmap_keys.shape[0]:  # (the call reassigns five arrays: only when due)
+        c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _make_room(
+            c.psmap_keys, c.psmap_vals, c.psmap_n, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved)
     key = _hash_run(buf, n, I64(0))
     found, h = _find_run(c.psmap_keys, c.psmap_vals, key, c.ps_pool, c.ps_start, c.ps_len, buf, n)
-    if found < 0:  # a table still being moved (else a one-slot placeholder: a miss)
+    if found < 0 and c.psmap_old_vals.shape[0] > 1:  # a table still being moved
         found = _find_run(c.psmap_old_keys, c.psmap_old_vals, key, c.ps_pool, c.ps_start, c.ps_len, buf, n)[0]
     if found >= 0:
         return found
@@ -385,8 +378,11 @@ def intern_parents(c, buf, n):  # pragma: no cover
     c.ps_depth[ps] = depth
     c.ps_pool_n += n
     c.n_ps = ps + 1
-    c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _store(
-        c.psmap_keys, c.psmap_vals, h, key, ps, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved)
+    c.psmap_keys[h] = key
+    c.psmap_vals[h] = ps
+    if c.psmap_old_vals.shape[0] > 1:
+        c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _move_on(
+            c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved)
     c.psmap_n += 1
     return ps
 
@@ -394,11 +390,12 @@ def intern_parents(c, buf, n):  # pragma: no cover
 @njit(cache=True, nogil=True)
 def intern_config(c, buf, n, flags):  # pragma: no cover
     """Id of the configuration with kernel buf[:n] (sorted) and flags; ERR_STATES past budget."""
-    c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _make_room(
-        c.cmap_keys, c.cmap_vals, c.cmap_n, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved)
+    if 2 * (c.cmap_n + 1) > c.cmap_keys.shape[0]:  # (the call reassigns five arrays: only when due)
+        c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _make_room(
+            c.cmap_keys, c.cmap_vals, c.cmap_n, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved)
     key = _hash_run(buf, n, flags)
     found, h = _find_config(c, c.cmap_keys, c.cmap_vals, key, buf, n, flags)
-    if found < 0:  # a table still being moved (else a one-slot placeholder: a miss)
+    if found < 0 and c.cmap_old_vals.shape[0] > 1:  # a table still being moved
         found = _find_config(c, c.cmap_old_keys, c.cmap_old_vals, key, buf, n, flags)[0]
     if found >= 0:
         return found
@@ -425,8 +422,11 @@ def intern_config(c, buf, n, flags):  # pragma: no cover
     c.exits[cid] = (flags & EXITS) != 0
     c.cfg_pool_n += n
     c.n_cfg = cid + 1
-    c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _store(
-        c.cmap_keys, c.cmap_vals, h, key, cid, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved)
+    c.cmap_keys[h] = key
+    c.cmap_vals[h] = cid
+    if c.cmap_old_vals.shape[0] > 1:
+        c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _move_on(
+            c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved)
     c.cmap_n += 1
     return cid
 
@@ -487,7 +487,9 @@ def closure(c, nid):  # pragma: no cover
         if visited > c.max_closure:
             return ERR_CLOSURE
         if c.has_edges[q]:
-            kernel = _push(kernel, I64(nk), I64(n))
+            if nk == kernel.shape[0]:
+                kernel = _grow(kernel, nk + 1, I64(0))
+            kernel[nk] = n
             nk += 1
         for e in range(c.eps_ptr[q], c.eps_ptr[q + 1]):
             m = intern_node(c, I64(c.eps_dst[e]), I64(ps))
@@ -495,7 +497,9 @@ def closure(c, nid):  # pragma: no cover
                 return m
             if c.mark[m] != gen:
                 c.mark[m] = gen
-                stack = _push(stack, I64(ns), I64(m))
+                if ns == stack.shape[0]:
+                    stack = _grow(stack, ns + 1, I64(0))
+                stack[ns] = m
                 ns += 1
         for e in range(c.call_ptr[q], c.call_ptr[q + 1]):
             callee, ret = c.call_callee[e], c.call_ret[e]
@@ -513,7 +517,9 @@ def closure(c, nid):  # pragma: no cover
                 return m
             if c.mark[m] != gen:
                 c.mark[m] = gen
-                stack = _push(stack, I64(ns), I64(m))
+                if ns == stack.shape[0]:
+                    stack = _grow(stack, ns + 1, I64(0))
+                stack[ns] = m
                 ns += 1
         if c.final_rule[q] >= 0:  # the frame pops: continue in every parent
             start = c.ps_start[ps]
@@ -525,7 +531,9 @@ def closure(c, nid):  # pragma: no cover
                     flags |= EXITS
                 elif c.mark[p] != gen:
                     c.mark[p] = gen
-                    stack = _push(stack, I64(ns), I64(p))
+                    if ns == stack.shape[0]:
+                        stack = _grow(stack, ns + 1, I64(0))
+                    stack[ns] = p
                     ns += 1
     nk = _sort_unique(kernel, I64(nk))
     if c.clo_pool_n + nk > c.clo_pool.shape[0]:
@@ -564,7 +572,9 @@ def _config_of_kernel(c, kernel, nk, flags):  # pragma: no cover
             for k in range(i, j):
                 ps = c.node_ps[np.int32(tops[k] & 0xFFFFFFFF)]
                 for t in range(c.ps_start[ps], c.ps_start[ps] + c.ps_len[ps]):
-                    members = _push(members, I64(nm), I64(c.ps_pool[t]))
+                    if nm == members.shape[0]:
+                        members = _grow(members, nm + 1, I64(0))
+                    members[nm] = c.ps_pool[t]
                     nm += 1
             nm = _sort_unique(members, I64(nm))
             merged = intern_node(c, I64(q), intern_parents(c, members, I64(nm)))
@@ -632,7 +642,9 @@ def _step(c, cfg, b):  # pragma: no cover
             for k in range(i, j):
                 p = np.int32(seeds[k] & 0xFFFFFFFF)
                 for x in range(c.ps_start[p], c.ps_start[p] + c.ps_len[p]):
-                    members = _push(members, I64(nm), I64(c.ps_pool[x]))
+                    if nm == members.shape[0]:
+                        members = _grow(members, nm + 1, I64(0))
+                    members[nm] = c.ps_pool[x]
                     nm += 1
             nm = _sort_unique(members, I64(nm))
             ps = intern_parents(c, members, I64(nm))
@@ -655,7 +667,9 @@ def _step(c, cfg, b):  # pragma: no cover
             m = c.clo_pool[x]
             if c.mark[m] != gen:
                 c.mark[m] = gen
-                kernel = _push(kernel, I64(nk), I64(m))
+                if nk == kernel.shape[0]:
+                    kernel = _grow(kernel, nk + 1, I64(0))
+                kernel[nk] = m
                 nk += 1
     return _config_of_kernel(c, kernel, I64(nk), I64(flags))
 
