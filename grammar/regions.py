@@ -12,6 +12,11 @@ those that never leave R (allowed outright), those that die, and those that leav
 region state and byte offset. A state's mask is then the shared "inside" row plus a token-major
 check of only the leaving tokens from the real states, which is where the grammar's own
 continuation (the closing quote and what follows it) comes in.
+
+A string under maxLength loops nowhere: each character steps to the next state of a *counted
+chain*. Seen with its next state taken for itself, a chain state has the free string's shape, so
+the same split serves it for every token no longer than the run of proved copies ahead of it
+(:class:`Chain`, ``find_chain``, ``chain_mask``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ route that applies:
 
 1. **string-like state** (inside a free string; ``regions.py``): the shape's split, shared by
    every grammar of the vocabulary, plus a check of the few tokens that leave the string;
+   a **counted chain** (a string under maxLength: no state loops, each character steps to the
+   next copy) takes the same split for the tokens no longer than the run of copies proved ahead
+   and checks the others;
 2. **state inside called rules**: the shared mask of its top stack frames (the fewest that
    leave few tokens to check; built per stack node, so a node met under many stacks, like the
    extra-key node at every position of an object, is walked once), plus a check of the tokens
