@@ -226,7 +226,10 @@ ENGINES = {e.name: e for e in (FormcastEngine, LLGuidanceEngine, XGrammarEngine,
 
 
 def load_tokenizer(which: str) -> Any:
-    sys.path.insert(0, str(ROOT))
+    # After PYTHONPATH: another checkout placed there is the one measured (a tree compared with
+    # this one); inserted first, this checkout's grammar was measured whatever PYTHONPATH said.
+    if str(ROOT) not in sys.path:
+        sys.path.append(str(ROOT))
     from engine.hf.tokenizers import load_default_tokenizer, load_qwen2_tokenizer
 
     return load_qwen2_tokenizer() if which == "qwen2" else load_default_tokenizer()
@@ -634,6 +637,12 @@ def run(args: argparse.Namespace, engines: list[str]) -> list[dict]:
     tasks = [(e, r) for r in records for e in engines if (e, r["id"]) not in done]
     print(f"{len(records)} schemas x {len(engines)} engines, {args.jobs} jobs, timeout {args.timeout:g} s",
           file=sys.stderr)
+    if "formcast" in engines:
+        if str(ROOT) not in sys.path:
+            sys.path.append(str(ROOT))
+        import grammar
+
+        print(f"formcast's grammar from {Path(grammar.__file__).parent}", file=sys.stderr)
     results: list[dict] = []
     out = open(args.out, "w", encoding="utf-8") if args.out else None
     for r in earlier:  # a resumed run's output holds every result, old and new
