@@ -48,7 +48,7 @@ test: install
 # The property tests with fresh random seeds and 5x their examples (CI keeps one fixed seed):
 # run it before a submission; every failure it finds becomes an explicit @example.
 PROPERTY_TESTS ?= tests/test_json_schema_algebra.py tests/test_json_schema_hypothesis.py tests/test_json_schema_unique_unions.py \
-	tests/test_json_schema_drafts.py tests/test_json_property_order.py tests/test_completion_distances.py tests/test_panel_linear.py tests/test_int_dot.py tests/test_octet_dot.py tests/test_gguf_quants.py
+	tests/test_json_schema_drafts.py tests/test_json_property_order.py tests/test_completion_distances.py tests/test_chain_masks.py tests/test_panel_linear.py tests/test_int_dot.py tests/test_octet_dot.py tests/test_gguf_quants.py
 test-random: install
 	FORMCAST_HYPOTHESIS_PROFILE=random FORMCAST_EXAMPLES_SCALE=$${FORMCAST_EXAMPLES_SCALE:-5} \
 		$(PY) -m pytest -q -p no:cacheprovider $(PROPERTY_TESTS)
