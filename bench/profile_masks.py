@@ -9,7 +9,10 @@ the slowest masks can be broken down into:
 - stacks: truncation of deep recursive configurations and the shared top-frame masks' bookkeeping;
 - region: finding string-like regions; shape tables: per-shape splits shared across grammars;
 - siblings: finding a state's sibling and their differing bytes, splitting configurations into parts;
-- walk: the trie walk and token-major checks; pack: bool -> int32 packing; other: the rest.
+- walk: the trie walk and token-major checks (with the configurations they create on the way);
+  pack: bool -> int32 packing; other: the rest.
+
+and how many configurations each mask creates (a walk reaching states nobody reached before).
 
 Phase functions that do not exist in the checked-out version are skipped, so the same script
 profiles older commits too (run it with that checkout first on ``PYTHONPATH``).
@@ -166,9 +169,11 @@ def main() -> None:
                     break
                 _spent.clear()
                 routes = dict(getattr(compiled.masks, "routes", {}))
+                configurations = compiled.automaton.num_states
                 t0 = time.perf_counter()
                 m.fill_next_token_bitmask(mask, 0)
                 dt = time.perf_counter() - t0
+                _spent["new configurations"] = compiled.automaton.num_states - configurations
                 for route, n in getattr(compiled.masks, "routes", {}).items():
                     if n != routes.get(route, 0):
                         _spent["route " + route] = n - routes.get(route, 0)
@@ -199,6 +204,10 @@ def report(masks: list, top: int) -> None:
         for key in spent:
             if key.startswith("route "):
                 by_route[key[6:]].append(dt)
+    for label, group in ((f"masks at or above p95", tail), ("all masks", masks)):
+        created = [m[1].get("new configurations", 0) for m in group]
+        print(f"\nnew configurations a mask creates, {label}: {np.mean(created):.1f} on average, "
+              f"{np.mean([c > 0 for c in created]) * 100:.0f}% create some")
     print(f"\nroutes that ran in the {len(tail)} masks at or above p95 (masks, their total s): "
           + ", ".join(f"{r} {len(v)}, {sum(v):.2f}" for r, v in sorted(by_route.items(), key=lambda kv: -sum(kv[1]))))
 

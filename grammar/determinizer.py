@@ -34,6 +34,7 @@ UNEXPANDED = -2
 DEAD = -1
 EMPTY_STACK = -1
 HOLE_STACK = -3
+NO_NODE = -10  # (a node id no parent set holds)
 ACCEPTING, EXITS = 1, 2
 # Status codes (negative): which budget was exceeded.
 ERR_STATES, ERR_DEPTH, ERR_CLOSURE = -10, -11, -12
@@ -785,17 +786,7 @@ def _truncated_node(c, nid, keep):  # pragma: no cover
 @njit(cache=True, nogil=True)
 def truncate(c, cfg, keep):  # pragma: no cover
     """``cfg`` with every stack cut to its top ``keep`` frames over a HOLE (flags cleared)."""
-    start, n = c.cfg_start[cfg], c.cfg_len[cfg]
-    kernel = np.empty(max(n, 1), np.int32)
-    for i in range(n):
-        m = _truncated_node(c, I64(c.cfg_pool[start + i]), keep)
-        if m < 0:
-            return m
-        kernel[i] = m
-    nk = _sort_unique(kernel, I64(n))
-    if nk == 0:
-        return intern_config(c, kernel, I64(0), I64(0))
-    return _config_of_kernel(c, kernel, I64(nk), I64(0))
+    return _truncate(c, cfg, keep, I64(NO_NODE), keep)
 
 
 @njit(cache=True, nogil=True)
@@ -803,13 +794,20 @@ def truncate_over(c, cfg, parent):  # pragma: no cover
     """``cfg`` with the stacks of its nodes whose one parent is node ``parent`` cut to two frames
     and every other stack to one, over a HOLE (flags cleared): the top frames of a counted
     chain's state with its place in the chain kept, the same under every caller."""
+    return _truncate(c, cfg, I64(1), parent, I64(2))
+
+
+@njit(cache=True, nogil=True)
+def _truncate(c, cfg, keep, parent, keep_over):  # pragma: no cover
+    """``cfg``'s stacks cut to ``keep`` frames, those of nodes whose one parent is ``parent`` to
+    ``keep_over``."""
     start, n = c.cfg_start[cfg], c.cfg_len[cfg]
     kernel = np.empty(max(n, 1), np.int32)
     for i in range(n):
         nid = c.cfg_pool[start + i]
         ps = c.node_ps[nid]
-        keep = 2 if c.ps_len[ps] == 1 and c.ps_pool[c.ps_start[ps]] == parent else 1
-        m = _truncated_node(c, I64(nid), I64(keep))
+        k = keep_over if c.ps_len[ps] == 1 and c.ps_pool[c.ps_start[ps]] == parent else keep
+        m = _truncated_node(c, I64(nid), I64(k))
         if m < 0:
             return m
         kernel[i] = m
