@@ -9,8 +9,11 @@ counts, and the configurations created must be the same in every tree compared.
 
     python bench/determinize_bench.py --sample 300 --seed 2 [--rows 300]
     PYTHONPATH=<other checkout> python bench/determinize_bench.py ...   # the same for another tree
+    python bench/determinize_bench.py --sample 30 --rows 100 --python-tier   # the kernels' Python twins
 
-Qwen2 vocabulary; the grammar kernels compiled (a warm numba cache) before timing.
+Qwen2 vocabulary; the grammar kernels compiled (a warm numba cache) before timing, or with
+``--python-tier`` the automata built on the kernels' Python twins (``kernel_tier``: what a fresh
+install runs while the kernels compile).
 """
 
 from __future__ import annotations
@@ -53,13 +56,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--rows", type=int, default=300)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--python-tier", action="store_true", help="new automata run the kernels' Python twins")
     args = ap.parse_args()
     print(f"grammar from {Path(grammar.__file__).parent}", file=sys.stderr)
     vocab = grammar.TokenVocabulary.from_tokenizer(maskbench.load_tokenizer("qwen2"))
     records = maskbench.load_records(args.input, 0, None, args.sample, args.seed)
+    nfas = [compiled.automaton.nfa for _record, compiled in maskbench.compiled_schemas(records, vocab)]
+    if args.python_tier:
+        from grammar import kernel_tier
+
+        kernel_tier.use_python()
     total_s, total_configs, count = 0.0, 0, 0
-    for _record, compiled in maskbench.compiled_schemas(records, vocab):
-        nfa = compiled.automaton.nfa
+    for nfa in nfas:
         configs = expand_breadth_first(nfa, args.rows)  # (first use: kernels loaded, pages touched)
         best = float("inf")
         for _ in range(args.repeat):
