@@ -19,9 +19,7 @@ requests that waited longer for their grammar than for their prefill; refusals.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -77,9 +75,7 @@ def main() -> None:
 
     from engine import Engine
 
-    records = [json.loads(line) for line in gzip.open(args.input, "rt")]
-    random.Random(args.seed).shuffle(records)
-    records = records[: args.sample]
+    records = maskbench.load_records(args.input, 0, None, args.sample, args.seed)
     tok = maskbench.load_tokenizer("smollm2")
     eos = int(tok.eos_token_id)
     width = (len(tok) + 31) // 32
