@@ -18,6 +18,7 @@ Phase functions that do not exist in the checked-out version are skipped, so the
 profiles older commits too (run it with that checkout first on ``PYTHONPATH``).
 
     python bench/profile_masks.py --sample 100 --top 20 [--warm-cells]
+    python bench/profile_masks.py --ids o35868,o79409 --top 10      # chosen records of the whole split
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--ids", default="", help="comma-separated parts of record ids: profile only those records")
     ap.add_argument("--warm-cells", action="store_true",
                     help="walk each schema's instances once first, then forget its masks but keep its automaton: "
                          "profile the masks without the time spent computing new cells (see mask_cells_share.py)")
@@ -146,7 +148,10 @@ def main() -> None:
     grammar.GrammarMatcher(grammar.compile_json_schema({"type": "object"}, vocab)).fill_next_token_bitmask(mask, 0)
     print("wrapped: " + ", ".join(install()), file=sys.stderr)
     masks: list[tuple[float, dict, str, int, int]] = []
-    for record in load_records(args.input, 0, None, args.sample, args.seed):
+    records = load_records(args.input, 0, None, None if args.ids else args.sample, args.seed)
+    if args.ids:
+        records = [r for r in records if any(part in r["id"] for part in args.ids.split(","))]
+    for record in records:
         clear_cache(keep_setup=True)
         try:
             compiled = grammar.compile_json_schema(record["schema"], vocab)

@@ -906,12 +906,31 @@ def config_size(c, cfg):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
+def _edge_bytes(c, cfg):  # pragma: no cover
+    """How many bytes begin an edge of some node of ``cfg``: at least its live bytes."""
+    covered = np.zeros(256, np.bool_)
+    start, n = c.cfg_start[cfg], c.cfg_len[cfg]
+    for i in range(start, start + n):
+        q = c.node_q[c.cfg_pool[i]]
+        for e in range(c.e_ptr[q], c.e_ptr[q + 1]):
+            for b in range(c.e_lo[e], c.e_hi[e] + 1):
+                covered[b] = True
+    count = 0
+    for b in range(256):
+        if covered[b]:
+            count += 1
+    return count
+
+
+@njit(cache=True, nogil=True)
 def sibling_of(c, s, min_live, depth, max_pairs):  # pragma: no cover
     """(sibling, bytes on which the two differ (see :func:`differing_bytes`), status) of ``s``:
     the state most of its live bytes lead to (the lowest such id on a tie), when ``s`` has at
     least ``min_live`` live bytes, the sibling is another state with the same exit flag, and
     their rows agree on at least half as many bytes as ``s`` has live ones; else sibling -1."""
     none = np.empty(0, np.int64)
+    if not c.row_done[s] and _edge_bytes(c, s) < min_live:
+        return -1, none, 0  # (most states: decided without computing their row)
     status = expand_row(c, I64(s))
     if status < 0:
         return -1, none, status
