@@ -22,7 +22,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .errors import GrammarBudgetError, GrammarTimeoutError
 
@@ -107,6 +107,17 @@ class _Scope(threading.local):
 
 
 _SCOPE = _Scope()
+# Run when a thread's outermost compile scope ends: memo caches whose entries are one compile's
+# own (its key sets) are emptied there, so they never pile up across compiles (see on_compile_end).
+_COMPILE_END_HOOKS: list[Callable[[], None]] = []
+
+
+def on_compile_end(hook: Callable[[], None]) -> None:
+    """Call ``hook`` whenever a compile ends (its outermost ``compile_scope`` exits, raised or
+    not). For memo caches of pure functions: emptying one while another thread compiles costs
+    that compile some recomputation, never a different result."""
+    if hook not in _COMPILE_END_HOOKS:
+        _COMPILE_END_HOOKS.append(hook)
 
 
 @contextmanager
@@ -133,6 +144,9 @@ def compile_scope(budget: CompileBudget | None = None) -> Iterator[None]:
         s.active, s.deadline, s.seconds, s.max_depth, _, s.max_steps = outer
         if outer[0]:
             s.steps = steps  # the outer compile keeps counting what the inner part did
+        else:
+            for hook in _COMPILE_END_HOOKS:
+                hook()
 
 
 @contextmanager
