@@ -10,6 +10,12 @@ counts, and the configurations created must be the same in every tree compared.
     python bench/determinize_bench.py --sample 300 --seed 2 [--rows 300]
     PYTHONPATH=<other checkout> python bench/determinize_bench.py ...   # the same for another tree
     python bench/determinize_bench.py --sample 30 --rows 100 --python-tier   # the kernels' Python twins
+    python bench/determinize_bench.py --compiled-loop   # the breadth-first loop compiled too
+
+The breadth-first loop runs in Python by default, as a mask's routes call the determinizer (a
+row at a time); about half of that time is the loop's own. ``--compiled-loop`` runs it as one
+numba kernel, the way a trie walk creates configurations inside its kernel: the determinizer's
+cost alone.
 
 Qwen2 vocabulary; the grammar kernels compiled (a warm numba cache) before timing, or with
 ``--python-tier`` the automata built on the kernels' Python twins (``kernel_tier``: what a fresh
@@ -28,8 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # after PYTHONPATH: an older checkout placed first is the one timed
 sys.path.append(str(ROOT / "bench"))
 
+import numpy as np  # noqa: E402
+from numba import njit  # noqa: E402
+
 import grammar  # noqa: E402
 import maskbench  # noqa: E402
+from grammar import determinizer  # noqa: E402
 from grammar.automaton import LazyAutomaton  # noqa: E402
 
 
@@ -49,6 +59,49 @@ def expand_breadth_first(nfa, rows: int) -> int:
     return automaton.num_states
 
 
+@njit(cache=True)
+def _breadth_first_kernel(core, start, rows):  # pragma: no cover - compiled
+    """:func:`expand_breadth_first` inside one kernel (targets queued in byte order); returns the
+    number of configurations, or a determinizer status < 0."""
+    queue = np.empty(1024, np.int64)
+    seen = np.zeros(1024, np.bool_)
+    queue[0], seen[start] = start, True
+    head, tail, done = 0, 1, 0
+    while head < tail and done < rows:
+        state = queue[head]
+        head += 1
+        status = determinizer.expand_row(core, state)
+        if status < 0:
+            return status
+        done += 1
+        table = determinizer.core_table(core)
+        for b in range(256):
+            target = table[state, b]
+            if target < 0:
+                continue
+            if target >= seen.shape[0]:
+                grown = np.zeros(2 * target + 2, np.bool_)
+                grown[: seen.shape[0]] = seen
+                seen = grown
+            if not seen[target]:
+                seen[target] = True
+                if tail == queue.shape[0]:
+                    longer = np.empty(2 * tail, np.int64)
+                    longer[:tail] = queue
+                    queue = longer
+                queue[tail] = target
+                tail += 1
+    return determinizer.core_flags(core)[2]
+
+
+def expand_breadth_first_compiled(nfa, rows: int) -> int:
+    automaton = LazyAutomaton(nfa)
+    with automaton.lock:
+        status = _breadth_first_kernel(automaton.core, automaton.initial_state, rows)
+    automaton.check_status(int(status))
+    return int(status)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--input", type=Path, default=Path("/work/shared/bench/maskbench/dev.jsonl.gz"))
@@ -57,7 +110,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=300)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--python-tier", action="store_true", help="new automata run the kernels' Python twins")
+    ap.add_argument("--compiled-loop", action="store_true", help="the breadth-first loop as one numba kernel")
     args = ap.parse_args()
+    if args.python_tier and args.compiled_loop:
+        raise SystemExit("--compiled-loop needs the compiled kernels (not --python-tier)")
+    expand = expand_breadth_first_compiled if args.compiled_loop else expand_breadth_first
     print(f"grammar from {Path(grammar.__file__).parent}", file=sys.stderr)
     vocab = grammar.TokenVocabulary.from_tokenizer(maskbench.load_tokenizer("qwen2"))
     records = maskbench.load_records(args.input, 0, None, args.sample, args.seed)
@@ -68,17 +125,18 @@ def main() -> None:
         kernel_tier.use_python()
     total_s, total_configs, count = 0.0, 0, 0
     for nfa in nfas:
-        configs = expand_breadth_first(nfa, args.rows)  # (first use: kernels loaded, pages touched)
+        configs = expand(nfa, args.rows)  # (first use: kernels loaded, pages touched)
         best = float("inf")
         for _ in range(args.repeat):
             start = time.perf_counter()
-            if expand_breadth_first(nfa, args.rows) != configs:
+            if expand(nfa, args.rows) != configs:
                 raise SystemExit("a rebuilt automaton differs")
             best = min(best, time.perf_counter() - start)
         total_s += best
         total_configs += configs
         count += 1
-    print(f"{count} grammars, {args.rows} rows each: {total_configs:,} configurations in {total_s * 1e3:.0f} ms, "
+    loop = "compiled loop" if args.compiled_loop else "Python loop"
+    print(f"{count} grammars, {args.rows} rows each ({loop}): {total_configs:,} configurations in {total_s * 1e3:.0f} ms, "
           f"{total_s / total_configs * 1e6:.2f} µs a configuration")
 
 
