@@ -154,12 +154,33 @@ def _grow_table(table, n_used, max_states):  # pragma: no cover
     return new
 
 
+# Below this length a run is sorted by insertion: most runs here (a configuration's kernel, a
+# byte's seeds) are a few ids, and numba's quicksort takes a view and a reference count per
+# partition call, which cost more than the sorting.
+INSERTION_SORT_MAX = 32
+
+
+@njit(cache=True, nogil=True)
+def _sort_run(buf, n):  # pragma: no cover
+    """Sort buf[:n] in place."""
+    if n > INSERTION_SORT_MAX:
+        buf[:n].sort()
+        return
+    for i in range(1, n):
+        x = buf[i]
+        j = i - 1
+        while j >= 0 and buf[j] > x:
+            buf[j + 1] = buf[j]
+            j -= 1
+        buf[j + 1] = x
+
+
 @njit(cache=True, nogil=True)
 def _sort_unique(buf, n):  # pragma: no cover
     """Sort buf[:n] in place and drop duplicates; returns the new length."""
     if n <= 1:
         return n
-    buf[:n].sort()
+    _sort_run(buf, n)
     k = 1
     for i in range(1, n):
         if buf[i] != buf[k - 1]:
@@ -559,7 +580,7 @@ def _config_of_kernel(c, kernel, nk, flags):  # pragma: no cover
     tops = np.empty(nk, np.int64)
     for i in range(nk):
         tops[i] = (np.int64(c.node_q[kernel[i]]) << 32) | np.int64(kernel[i])
-    tops.sort()
+    _sort_run(tops, I64(nk))
     out = np.empty(nk, np.int32)
     no = 0
     members = np.empty(16, np.int32)
@@ -587,7 +608,7 @@ def _config_of_kernel(c, kernel, nk, flags):  # pragma: no cover
             out[no] = merged
         no += 1
         i = j
-    out[:no].sort()
+    _sort_run(out, I64(no))
     return intern_config(c, out, I64(no), I64(flags))
 
 
@@ -628,7 +649,7 @@ def _step(c, cfg, b):  # pragma: no cover
                 nseeds += 1
     if nseeds == 0:
         return DEAD
-    seeds[:nseeds].sort()
+    _sort_run(seeds, I64(nseeds))
     roots = np.empty(nseeds, np.int32)
     nroots = 0
     flags = 0
