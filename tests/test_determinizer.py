@@ -108,3 +108,19 @@ def test_cells_computed_by_walks_agree_with_whole_rows():
     for _ in range(100):
         regex.step_bytes(regex.initial_state, bytes(rng.choice(b"ab") for _ in range(rng.randrange(1, 20))))
     assert len(_reachable(regex, b"ab")) == regex.num_states == 2 ** (k + 1)
+
+
+def test_run_sort_and_unique_match_numpy_on_both_sides_of_the_insertion_limit():
+    import numpy as np
+
+    rng = random.Random(7)
+    for dtype in (np.int32, np.int64):
+        for n in (0, 1, 2, det.INSERTION_SORT_MAX - 1, det.INSERTION_SORT_MAX, det.INSERTION_SORT_MAX + 1, 200):
+            values = [rng.randrange(-3, 40) for _ in range(n)]
+            tail = [999, 998]  # past n: must stay where they are
+            buf = np.array(values + tail, dtype=dtype)
+            det._sort_run(buf, np.int64(n))
+            assert buf.tolist() == sorted(values) + tail
+            buf = np.array(values + tail, dtype=dtype)
+            k = det._sort_unique(buf, np.int64(n))
+            assert buf[:k].tolist() == sorted(set(values))
