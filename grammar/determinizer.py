@@ -288,12 +288,10 @@ def _move_on(keys, vals, old_keys, old_vals, moved):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def _make_room(keys, vals, n, old_keys, old_vals, moved):  # pragma: no cover
-    """Before an insert into a map of n entries: (keys, values, old keys, old values, moved),
-    doubled if one more entry would fill half of it. A move still under way (which the rate of
-    _MOVE_PER_INSERT prevents) is finished first."""
-    if 2 * (n + 1) <= keys.shape[0]:
-        return keys, vals, old_keys, old_vals, moved
+def _make_room(keys, vals, old_keys, old_vals, moved):  # pragma: no cover
+    """Before an insert that would fill half the map (the callers check, so the hot path makes
+    no call): (keys, values, old keys, old values, moved), doubled. A move still under way
+    (which the rate of _MOVE_PER_INSERT prevents) is finished first."""
     if old_vals.shape[0] > 1:
         _move_entries(keys, vals, old_keys, old_vals, moved, old_vals.shape[0])
     cap = 2 * keys.shape[0]
@@ -323,7 +321,7 @@ def intern_node(c, q, ps):  # pragma: no cover
     """Id of stack node (NFA state q, parent set ps); ERR_DEPTH past the depth budget."""
     if 2 * (c.nmap_n + 1) > c.nmap_keys.shape[0]:  # (the call reassigns five arrays: only when due)
         c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _make_room(
-            c.nmap_keys, c.nmap_vals, c.nmap_n, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved)
+            c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved)
     key = (np.int64(q) << 32) | np.int64(ps)
     found, h = _find_node(c.nmap_keys, c.nmap_vals, key)
     if found < 0 and c.nmap_old_vals.shape[0] > 1:  # a table still being moved
@@ -379,7 +377,7 @@ def intern_parents(c, buf, n):  # pragma: no cover
     """Id of the parent set buf[:n] (sorted, distinct)."""
     if 2 * (c.psmap_n + 1) > c.psmap_keys.shape[0]:  # (the call reassigns five arrays: only when due)
         c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved = _make_room(
-            c.psmap_keys, c.psmap_vals, c.psmap_n, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved)
+            c.psmap_keys, c.psmap_vals, c.psmap_old_keys, c.psmap_old_vals, c.psmap_moved)
     key = _hash_run(buf, n, I64(0))
     found, h = _find_run(c.psmap_keys, c.psmap_vals, key, c.ps_pool, c.ps_start, c.ps_len, buf, n)
     if found < 0 and c.psmap_old_vals.shape[0] > 1:  # a table still being moved
@@ -417,7 +415,7 @@ def intern_config(c, buf, n, flags):  # pragma: no cover
     """Id of the configuration with kernel buf[:n] (sorted) and flags; ERR_STATES past budget."""
     if 2 * (c.cmap_n + 1) > c.cmap_keys.shape[0]:  # (the call reassigns five arrays: only when due)
         c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved = _make_room(
-            c.cmap_keys, c.cmap_vals, c.cmap_n, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved)
+            c.cmap_keys, c.cmap_vals, c.cmap_old_keys, c.cmap_old_vals, c.cmap_moved)
     key = _hash_run(buf, n, flags)
     found, h = _find_config(c, c.cmap_keys, c.cmap_vals, key, buf, n, flags)
     if found < 0 and c.cmap_old_vals.shape[0] > 1:  # a table still being moved
