@@ -135,10 +135,12 @@ def load_compiled_kernels() -> None:
 
 
 def _warm_up(shared: VocabularyMasks) -> None:
-    """Run every mask route once on a tiny grammar, so numba loads each compiled function
-    (tens of milliseconds apiece) during per-vocabulary setup, not in a request's first masks."""
-    from . import char_dfa
+    """Load every compiled kernel now (2 to 20 ms apiece), during per-vocabulary setup, not in a
+    request's masks: those in numba's cache, then whatever else the mask routes of a tiny
+    grammar reach (a kernel missing from the cache compiles here)."""
+    from . import char_dfa, jit_warmup
 
+    jit_warmup.load_cached_kernels()
     char_dfa.load_kernels()  # the compile-time kernels (string and key-set products) as well
     warm_up_masks(shared)
 
