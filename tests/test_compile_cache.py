@@ -107,12 +107,12 @@ def test_disk_entries_give_the_same_masks(tmp_path, plain):
     disk = DiskCache(tmp_path)
     for c in CONSTRAINTS:
         written = _fresh(c, disk=disk)
-        assert written.grammar is not None  # compiled here, then stored
+        assert written.compiled_here  # compiled here, then stored
     assert disk.stats["writes"] == len(CONSTRAINTS) and len(list(tmp_path.glob("*.npz"))) == len(CONSTRAINTS)
     restarted = DiskCache(tmp_path)  # a new process's view of the same directory
     for c in CONSTRAINTS:
         loaded = _fresh(c, disk=restarted)
-        assert loaded.grammar is None, "read from disk, not compiled"
+        assert not loaded.compiled_here, "read from disk, not compiled"
         assert _fingerprint(loaded) == plain[c], c
     assert restarted.stats["hits"] == len(CONSTRAINTS)
 
@@ -125,7 +125,7 @@ def test_a_damaged_entry_is_ignored_and_rebuilt(tmp_path, plain):
     for damage in (entry.read_bytes()[: entry.stat().st_size // 2], b"not a zip at all"):
         entry.write_bytes(damage)
         rebuilt = _fresh(c, disk=disk)
-        assert rebuilt.grammar is not None and _fingerprint(rebuilt) == plain[c]
+        assert rebuilt.compiled_here and _fingerprint(rebuilt) == plain[c]
         assert _fingerprint(_fresh(c, disk=DiskCache(tmp_path))) == plain[c]  # the rewritten entry loads
     assert disk.stats["corrupt"] == 2
 
@@ -182,7 +182,7 @@ def pool():
 def test_a_child_compiles_the_same_grammar(pool, plain):
     for c in CONSTRAINTS:
         compiled = _fresh(c, front_end=pool, disk=None)
-        assert compiled.grammar is None, "built from the child's arrays"
+        assert not compiled.compiled_here, "built from the child's arrays"
         assert compiled.compile_steps > 0
         assert _fingerprint(compiled) == plain[c], c
 
@@ -310,7 +310,7 @@ def test_backend_precompile_fills_the_store_a_restart_reads(tmp_path):
     restarted = GrammarBackend(VOCAB, disk=DiskCache(tmp_path))
     try:
         compiled = restarted.compile(SamplingParams(json_schema=SCHEMA))
-        assert compiled.grammar is None and restarted.disk.stats["hits"] == 1
+        assert not compiled.compiled_here and restarted.disk.stats["hits"] == 1
     finally:
         restarted.shutdown()
 

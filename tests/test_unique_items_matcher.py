@@ -132,7 +132,7 @@ def test_random_walks_produce_valid_documents_on_several_threads(compiled):
 def _assert_bans_match_simulation(compiled, prefixes: list[bytes]) -> None:
     """After each prefix, ``banned`` equals the tokens a matcher copy refuses among those the
     grammar allows."""
-    check = compiled.grammar.check
+    check = compiled.check
     for prefix in prefixes:
         m = GrammarMatcher(compiled)
         assert m.accept_bytes(prefix), prefix
