@@ -8,6 +8,7 @@ the decode loop beside it. Everything here must be freed by reference counting a
 from __future__ import annotations
 
 import gc
+import types
 from collections import Counter
 
 import numpy as np
@@ -62,3 +63,30 @@ def test_compiles_free_everything_by_reference_counting():
         if was_enabled:
             gc.enable()
     assert not leaked, f"objects freed only by the cyclic collector: {leaked.most_common(8)}"
+
+
+def _reachable(root: object, shared: object) -> Counter:
+    """Tracked objects reachable from ``root``, by type: not through ``shared`` (the vocabulary's
+    setup) nor code (types, modules, functions: their globals reach every module's caches)."""
+    seen, todo, found = {id(root), id(shared)}, [root], Counter()
+    while todo:
+        for x in gc.get_referents(todo.pop()):
+            if id(x) in seen or isinstance(x, (type, types.ModuleType, types.FunctionType)):
+                continue
+            seen.add(id(x))
+            todo.append(x)
+            if gc.is_tracked(x):
+                found[f"{type(x).__module__}.{type(x).__qualname__}"] += 1
+    return found
+
+
+def test_a_compiled_grammar_keeps_no_ir():
+    # The cache keeps compiled grammars for the life of the process, and every full collection
+    # walks what they hold: the IR (a schema's tens of thousands of nodes) must not be part of it.
+    schema = dict(SCHEMA, properties={**SCHEMA["properties"], **{f"field_{i}": {"type": ["integer", "string"]} for i in range(60)}})
+    compiled = grammar.compile_json_schema(schema, TokenVocabulary.byte_level())
+    grammar.GrammarMatcher(compiled).fill_next_token_bitmask(grammar.allocate_token_bitmask(1, compiled.vocab.vocab_size), 0)
+    held = _reachable(compiled, compiled.vocabulary_masks)
+    ir_nodes = {name: n for name, n in held.items() if name.startswith("grammar.ir.")}
+    assert not ir_nodes, f"IR held by the compiled grammar: {ir_nodes}"
+    assert sum(held.values()) < 2000, held.most_common(8)
