@@ -81,6 +81,18 @@ def product_kernel(ta: np.ndarray, tb: np.ndarray, op: int, max_states: int):  #
     i = 0
     while i < num:
         p, q = codes[i] // width, codes[i] % width
+        # Room for the row's new states before its loop: an array reassigned inside the loop
+        # costs two reference counts an iteration (determinizer.GROWN_IN_LOOP).
+        if num + k > capacity:
+            capacity = 2 * capacity + k
+            grown = np.empty(capacity, dtype=np.int64)
+            wider = np.empty((capacity, k), dtype=np.int32)
+            for row in range(num):  # loops, not slice assignments (see determinizer._grow)
+                grown[row] = codes[row]
+                for col in range(k):
+                    wider[row, col] = table[row, col]
+            codes = grown
+            table = wider
         for j in range(k):
             x, y = ta[p, j], tb[q, j]
             if (op == 0 and (x == na or y == nb)) or (op == 2 and x == na):
@@ -91,16 +103,6 @@ def product_kernel(ta: np.ndarray, tb: np.ndarray, op: int, max_states: int):  #
             if got < 0:
                 if num >= max_states:
                     return None, None
-                if num == capacity:
-                    capacity *= 2
-                    grown = np.empty(capacity, dtype=np.int64)
-                    wider = np.empty((capacity, k), dtype=np.int32)
-                    for row in range(num):  # loops, not slice assignments (see determinizer._grow)
-                        grown[row] = codes[row]
-                        for col in range(k):
-                            wider[row, col] = table[row, col]
-                    codes = grown
-                    table = wider
                 got = num
                 ids[code] = num
                 codes[num] = code

@@ -76,8 +76,8 @@ _FIELDS = [
     "cfg_start", "cfg_len", "n_cfg", "cfg_pool", "cfg_pool_n", "cmap_keys", "cmap_vals", "cmap_n",
     "cmap_old_keys", "cmap_old_vals", "cmap_moved",
     "accepting", "exits", "table", "row_done",
-    # scratch: visit marks per node
-    "mark", "mark_gen",
+    # scratch: visit marks per node; the closure's search stack and kernel (see GROWN_IN_LOOP)
+    "mark", "mark_gen", "dfs_stack", "dfs_kernel",
 ]
 structref.define_proxy(Core, CoreType, _FIELDS)
 
@@ -106,6 +106,14 @@ def _mix(key):  # pragma: no cover
     return np.int64(h >> np.uint64(1))
 
 
+# GROWN_IN_LOOP: no kernel reassigns a local array inside a loop (``buf = _grow(buf, ...)``).
+# numba then carries the array through the loop as a variable that may change, and takes and
+# drops a reference to it on every iteration, growth or not: two atomic operations, 14 ns an
+# iteration on the 2-core VM, where the loop's own work is under 1 ns. Buffers are sized by a
+# counting pass before the loop, or live in the Core (growth then stores a field, which costs
+# nothing per iteration). Measured with a return-address profile of the reference counts
+# (BENCHMARKS.md, issue 25): they were 60% of the time to create a configuration.
+#
 # Growth allocates without initializing and fills only the new tail where a fill value means
 # something: a fill of the whole new array would touch (page-fault) every page of it at once,
 # tens of milliseconds inside one mask for an automaton of 100k configurations.
@@ -160,11 +168,13 @@ def _grow_table(table, n_used, max_states):  # pragma: no cover
 INSERTION_SORT_MAX = 32
 
 
-@njit(cache=True, nogil=True)
+# Inlined (a compiled call takes a reference to each array passed: see intern_node); the long
+# runs' sort stays a call.
+@njit(cache=True, nogil=True, inline="always")
 def _sort_run(buf, n):  # pragma: no cover
     """Sort buf[:n] in place."""
     if n > INSERTION_SORT_MAX:
-        buf[:n].sort()
+        _sort_long(buf, n)
         return
     for i in range(1, n):
         x = buf[i]
@@ -173,6 +183,11 @@ def _sort_run(buf, n):  # pragma: no cover
             buf[j + 1] = buf[j]
             j -= 1
         buf[j + 1] = x
+
+
+@njit(cache=True, nogil=True)
+def _sort_long(buf, n):  # pragma: no cover
+    buf[:n].sort()
 
 
 @njit(cache=True, nogil=True)
@@ -209,7 +224,7 @@ def new_core(e_ptr, e_lo, e_hi, e_dst, eps_ptr, eps_dst, call_ptr, call_callee, 
         np.zeros(2 * cap, np.int64), np.full(2 * cap, -1, np.int32), 0, np.zeros(1, np.int64), np.full(1, -1, np.int32), 0,
         np.zeros(cap, np.bool_), np.zeros(cap, np.bool_), np.full((cap, 256), UNEXPANDED, np.int32),
         np.zeros(cap, np.bool_),
-        np.zeros(cap, np.int32), 0,
+        np.zeros(cap, np.int32), 0, np.zeros(cap, np.int32), np.zeros(cap, np.int32),
     )
 
 
@@ -316,9 +331,24 @@ def _find_node(keys, vals, key):  # pragma: no cover
     return vals[h], h
 
 
-@njit(cache=True, nogil=True)
+# Inlined into every caller (numba's IR inliner): a compiled call increments the reference count
+# of each array or structure it is passed on entry and decrements it on return, two atomic
+# operations on ``c`` per call, and the lookups that find their node (most calls) do little else.
+@njit(cache=True, nogil=True, inline="always")
 def intern_node(c, q, ps):  # pragma: no cover
     """Id of stack node (NFA state q, parent set ps); ERR_DEPTH past the depth budget."""
+    if 2 * (c.nmap_n + 1) <= c.nmap_keys.shape[0]:
+        key = (np.int64(q) << 32) | np.int64(ps)
+        found = c.nmap_vals[_probe(c.nmap_keys, c.nmap_vals, key, _mix(key))]
+        if found >= 0:
+            return np.int64(found)
+    return _new_node(c, q, ps)
+
+
+@njit(cache=True, nogil=True)
+def _new_node(c, q, ps):  # pragma: no cover
+    """:func:`intern_node` when the node is not in the map's current table: the table being
+    moved is probed too, else the node is created."""
     if 2 * (c.nmap_n + 1) > c.nmap_keys.shape[0]:  # (the call reassigns five arrays: only when due)
         c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved = _make_room(
             c.nmap_keys, c.nmap_vals, c.nmap_old_keys, c.nmap_old_vals, c.nmap_moved)
@@ -484,35 +514,40 @@ def _next_gen(c):  # pragma: no cover
     return np.int32(c.mark_gen)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def closure(c, nid):  # pragma: no cover
-    """Compute (once) the closure of node ``nid``: a depth-first search over epsilon edges, calls
-    (a call in tail position pushes no frame) and pops into the parents. Returns 0 or a status."""
+    """Compute (once) the closure of node ``nid``. Returns 0 or a status. Inlined: most calls
+    find it computed (see intern_node)."""
     if c.clo_start[nid] >= 0:
-        return 0
+        return np.int64(0)
+    return _compute_closure(c, nid)
+
+
+@njit(cache=True, nogil=True)
+def _compute_closure(c, nid):  # pragma: no cover
+    """The closure of node ``nid``: a depth-first search over epsilon edges, calls (a call in
+    tail position pushes no frame) and pops into the parents. Returns 0 or a status."""
     gen = _next_gen(c)
-    stack = np.empty(16, np.int32)
     ns = 0
-    kernel = np.empty(16, np.int32)
     nk = 0
     flags = 0
     visited = 0
-    stack[0] = nid
+    c.dfs_stack[0] = nid
     ns = 1
     c.mark[nid] = gen
     one = np.empty(1, np.int32)
     while ns > 0:
         ns -= 1
-        n = stack[ns]
+        n = c.dfs_stack[ns]
         q = c.node_q[n]
         ps = c.node_ps[n]
         visited += 1
         if visited > c.max_closure:
             return ERR_CLOSURE
         if c.has_edges[q]:
-            if nk == kernel.shape[0]:
-                kernel = _grow(kernel, nk + 1, I64(0))
-            kernel[nk] = n
+            if nk == c.dfs_kernel.shape[0]:
+                c.dfs_kernel = _grow(c.dfs_kernel, nk + 1, I64(0))
+            c.dfs_kernel[nk] = n
             nk += 1
         for e in range(c.eps_ptr[q], c.eps_ptr[q + 1]):
             m = intern_node(c, I64(c.eps_dst[e]), I64(ps))
@@ -520,9 +555,9 @@ def closure(c, nid):  # pragma: no cover
                 return m
             if c.mark[m] != gen:
                 c.mark[m] = gen
-                if ns == stack.shape[0]:
-                    stack = _grow(stack, ns + 1, I64(0))
-                stack[ns] = m
+                if ns == c.dfs_stack.shape[0]:
+                    c.dfs_stack = _grow(c.dfs_stack, ns + 1, I64(0))
+                c.dfs_stack[ns] = m
                 ns += 1
         for e in range(c.call_ptr[q], c.call_ptr[q + 1]):
             callee, ret = c.call_callee[e], c.call_ret[e]
@@ -540,9 +575,9 @@ def closure(c, nid):  # pragma: no cover
                 return m
             if c.mark[m] != gen:
                 c.mark[m] = gen
-                if ns == stack.shape[0]:
-                    stack = _grow(stack, ns + 1, I64(0))
-                stack[ns] = m
+                if ns == c.dfs_stack.shape[0]:
+                    c.dfs_stack = _grow(c.dfs_stack, ns + 1, I64(0))
+                c.dfs_stack[ns] = m
                 ns += 1
         if c.final_rule[q] >= 0:  # the frame pops: continue in every parent
             start = c.ps_start[ps]
@@ -554,15 +589,15 @@ def closure(c, nid):  # pragma: no cover
                     flags |= EXITS
                 elif c.mark[p] != gen:
                     c.mark[p] = gen
-                    if ns == stack.shape[0]:
-                        stack = _grow(stack, ns + 1, I64(0))
-                    stack[ns] = p
+                    if ns == c.dfs_stack.shape[0]:
+                        c.dfs_stack = _grow(c.dfs_stack, ns + 1, I64(0))
+                    c.dfs_stack[ns] = p
                     ns += 1
-    nk = _sort_unique(kernel, I64(nk))
+    nk = _sort_unique(c.dfs_kernel, I64(nk))
     if c.clo_pool_n + nk > c.clo_pool.shape[0]:
         c.clo_pool = _grow_pool(c.clo_pool, c.clo_pool_n + nk)
     for i in range(nk):
-        c.clo_pool[c.clo_pool_n + i] = kernel[i]
+        c.clo_pool[c.clo_pool_n + i] = c.dfs_kernel[i]
     c.clo_start[nid] = c.clo_pool_n
     c.clo_len[nid] = nk
     c.clo_flags[nid] = flags
@@ -581,7 +616,10 @@ def _config_of_kernel(c, kernel, nk, flags):  # pragma: no cover
     _sort_run(tops, I64(nk))
     out = np.empty(nk, np.int32)
     no = 0
-    members = np.empty(16, np.int32)
+    most = 0
+    for i in range(nk):
+        most += c.ps_len[c.node_ps[kernel[i]]]
+    members = np.empty(most, np.int32)  # (sized first: GROWN_IN_LOOP)
     i = 0
     while i < nk:
         q = tops[i] >> 32
@@ -595,8 +633,6 @@ def _config_of_kernel(c, kernel, nk, flags):  # pragma: no cover
             for k in range(i, j):
                 ps = c.node_ps[np.int32(tops[k] & 0xFFFFFFFF)]
                 for t in range(c.ps_start[ps], c.ps_start[ps] + c.ps_len[ps]):
-                    if nm == members.shape[0]:
-                        members = _grow(members, nm + 1, I64(0))
                     members[nm] = c.ps_pool[t]
                     nm += 1
             nm = _sort_unique(members, I64(nm))
@@ -631,27 +667,32 @@ def _step(c, cfg, b):  # pragma: no cover
     """The configuration after byte ``b`` from ``cfg`` (DEAD, or a status < DEAD)."""
     start, n = c.cfg_start[cfg], c.cfg_len[cfg]
     # Seeds: (target, parent set) per matching edge; equal targets merge their parent sets.
-    seeds = np.empty(16, np.int64)
+    # Each buffer is sized by a counting pass first: see GROWN_IN_LOOP.
+    nseeds = 0
+    for i in range(start, start + n):
+        q = c.node_q[c.cfg_pool[i]]
+        for e in range(c.e_ptr[q], c.e_ptr[q + 1]):
+            if c.e_lo[e] <= b <= c.e_hi[e]:
+                nseeds += 1
+    if nseeds == 0:
+        return DEAD
+    seeds = np.empty(nseeds, np.int64)
     nseeds = 0
     for i in range(start, start + n):
         node = c.cfg_pool[i]
         q = c.node_q[node]
         for e in range(c.e_ptr[q], c.e_ptr[q + 1]):
             if c.e_lo[e] <= b <= c.e_hi[e]:
-                if nseeds == seeds.shape[0]:
-                    grown = np.empty(2 * nseeds, np.int64)
-                    for k in range(nseeds):
-                        grown[k] = seeds[k]
-                    seeds = grown
                 seeds[nseeds] = (np.int64(c.e_dst[e]) << 32) | np.int64(c.node_ps[node])
                 nseeds += 1
-    if nseeds == 0:
-        return DEAD
     _sort_run(seeds, I64(nseeds))
     roots = np.empty(nseeds, np.int32)
     nroots = 0
     flags = 0
-    members = np.empty(16, np.int32)
+    most = 0
+    for k in range(nseeds):
+        most += c.ps_len[np.int32(seeds[k] & 0xFFFFFFFF)]
+    members = np.empty(most, np.int32)
     i = 0
     while i < nseeds:
         t = seeds[i] >> 32
@@ -665,8 +706,6 @@ def _step(c, cfg, b):  # pragma: no cover
             for k in range(i, j):
                 p = np.int32(seeds[k] & 0xFFFFFFFF)
                 for x in range(c.ps_start[p], c.ps_start[p] + c.ps_len[p]):
-                    if nm == members.shape[0]:
-                        members = _grow(members, nm + 1, I64(0))
                     members[nm] = c.ps_pool[x]
                     nm += 1
             nm = _sort_unique(members, I64(nm))
@@ -681,7 +720,10 @@ def _step(c, cfg, b):  # pragma: no cover
         nroots += 1
         i = j
     gen = _next_gen(c)
-    kernel = np.empty(16, np.int32)
+    most = 0
+    for r in range(nroots):
+        most += c.clo_len[roots[r]]
+    kernel = np.empty(most, np.int32)
     nk = 0
     for r in range(nroots):
         seed = roots[r]
@@ -690,8 +732,6 @@ def _step(c, cfg, b):  # pragma: no cover
             m = c.clo_pool[x]
             if c.mark[m] != gen:
                 c.mark[m] = gen
-                if nk == kernel.shape[0]:
-                    kernel = _grow(kernel, nk + 1, I64(0))
                 kernel[nk] = m
                 nk += 1
     return _config_of_kernel(c, kernel, I64(nk), I64(flags))
@@ -880,17 +920,17 @@ def _agree(c, x, y, depth, budget):  # pragma: no cover
         status = expand_row(c, I64(b))
         if status < 0:
             return status
+        if n + 256 > stack.shape[0]:  # room for the row's pairs before its loop (GROWN_IN_LOOP)
+            grown = np.empty((2 * n + 256, 3), np.int64)
+            for r in range(n):
+                grown[r, 0], grown[r, 1], grown[r, 2] = stack[r, 0], stack[r, 1], stack[r, 2]
+            stack = grown
         last_a, last_b = -5, -5
         for byte in range(256):
             ta, tb = c.table[a, byte], c.table[b, byte]
             if (ta < 0) != (tb < 0):
                 return 0
             if ta != tb and (ta != last_a or tb != last_b):
-                if n == stack.shape[0]:
-                    grown = np.empty((2 * n, 3), np.int64)
-                    for r in range(n):
-                        grown[r, 0], grown[r, 1], grown[r, 2] = stack[r, 0], stack[r, 1], stack[r, 2]
-                    stack = grown
                 stack[n, 0], stack[n, 1], stack[n, 2] = ta, tb, d - 1
                 n += 1
                 last_a, last_b = ta, tb
