@@ -127,6 +127,17 @@ def test_new_formats():
         assert json_schema_to_grammar({"type": "string", "format": fmt}).rules
 
 
+def test_the_format_memo_holds_one_entry_per_format():
+    # Keyed by where the format appears, it grew with every schema a process compiled.
+    from grammar.json_schema.formats import _format_ir
+
+    _format_ir.cache_clear()
+    for i in range(30):
+        json_schema_to_grammar({"type": "object", "properties": {f"when_{i}": {"type": "string", "format": "date"},
+                                                                  f"id_{i}": {"type": "string", "format": "uuid"}}})
+    assert _format_ir.cache_info().currsize == 2
+
+
 def test_negated_inexact_constraints_are_refused():
     with pytest.raises(UnsupportedFeatureError, match="'format'"):
         json_schema_to_grammar({"not": {"format": "email"}})
