@@ -528,7 +528,6 @@ def _compute_closure(c, nid):  # pragma: no cover
     """The closure of node ``nid``: a depth-first search over epsilon edges, calls (a call in
     tail position pushes no frame) and pops into the parents. Returns 0 or a status."""
     gen = _next_gen(c)
-    ns = 0
     nk = 0
     flags = 0
     visited = 0
