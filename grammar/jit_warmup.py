@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 
 _HERE = Path(__file__).resolve().parent
@@ -197,7 +197,8 @@ def warm_up_now(progress: Callable[[str], None] | None = None) -> bool:
     return start().wait(progress)
 
 
-def _kernels():  # -> Iterator[(qualified name, numba dispatcher)]
+def _kernels() -> Iterator[tuple[str, Any]]:
+    """(``module.function``, numba dispatcher) of every cached kernel in :data:`KERNEL_MODULES`."""
     import importlib
 
     from numba.core.registry import CPUDispatcher
