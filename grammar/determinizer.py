@@ -337,11 +337,9 @@ def _find_node(keys, vals, key):  # pragma: no cover
 @njit(cache=True, nogil=True, inline="always")
 def intern_node(c, q, ps):  # pragma: no cover
     """Id of stack node (NFA state q, parent set ps); ERR_DEPTH past the depth budget."""
-    if 2 * (c.nmap_n + 1) <= c.nmap_keys.shape[0]:
-        key = (np.int64(q) << 32) | np.int64(ps)
-        found = c.nmap_vals[_probe(c.nmap_keys, c.nmap_vals, key, _mix(key))]
-        if found >= 0:
-            return np.int64(found)
+    found = _find_node(c.nmap_keys, c.nmap_vals, (np.int64(q) << 32) | np.int64(ps))[0]
+    if found >= 0:
+        return np.int64(found)
     return _new_node(c, q, ps)
 
 
